@@ -1,0 +1,31 @@
+"""edgetrain: keep training an ONNX inference model on the device, with a numpy-only runtime.
+
+The device side (edgetrain.runtime) needs numpy alone; the build side (ONNX import, conversion, export) needs
+the onnx package and is imported lazily, so `import edgetrain` works on a phone without onnx.
+"""
+
+from .errors import (
+    ArtifactError,
+    EdgeTrainError,
+    ExecutionError,
+    FeedError,
+    ModelError,
+    ShapeError,
+    UnsupportedError,
+)
+from .ir import Graph, GraphBuilder, Node, TensorInfo
+from .runtime import InferenceSession
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ArtifactError", "EdgeTrainError", "ExecutionError", "FeedError", "Graph", "GraphBuilder", "InferenceSession",
+    "ModelError", "Node", "ShapeError", "TensorInfo", "UnsupportedError", "__version__", "import_model",
+]
+
+
+def import_model(model, *, batch_size=None, shapes=None):
+    """ONNX model (path, bytes or ModelProto) -> static edgetrain Graph. Needs onnx."""
+    from .onnx_io import import_model as _import
+
+    return _import(model, batch_size=batch_size, shapes=shapes)

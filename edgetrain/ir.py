@@ -1,0 +1,239 @@
+"""edgetrain's own graph IR: frozen Node records, a Graph, and a GraphBuilder that makes deterministic fresh names.
+
+Nothing here imports onnx: ONNX protobuf exists only at the edges (edgetrain.onnx_io). Node inputs and outputs are
+value names; an empty string stands for an omitted optional input, as in ONNX. Every pass takes a Graph and
+returns a new one (nodes are immutable; the containers of a Graph are copied by the builder).
+"""
+
+from __future__ import annotations
+
+import heapq
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .errors import ModelError, ShapeError
+
+Dim = int | str | None  # int: static; str: symbolic (e.g. "N"); None: unknown
+DEFAULT_DOMAIN = ""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """dtype and shape of one value; shape is None when even the rank is unknown."""
+
+    dtype: np.dtype
+    shape: tuple[Dim, ...] | None
+
+    @property
+    def is_static(self) -> bool:
+        return self.shape is not None and all(isinstance(d, int) and d >= 0 for d in self.shape)
+
+    def __str__(self) -> str:
+        dims = "?" if self.shape is None else "x".join("?" if d is None else str(d) for d in self.shape)
+        return f"{np.dtype(self.dtype).name}[{dims}]"
+
+
+@dataclass(frozen=True, eq=False)
+class Node:
+    """One operation. attrs holds plain Python values (int, float, str, lists of them, numpy arrays)."""
+
+    op_type: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+    name: str = ""
+    domain: str = DEFAULT_DOMAIN
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "inputs", tuple(self.inputs))
+        object.__setattr__(self, "outputs", tuple(self.outputs))
+        object.__setattr__(self, "attrs", dict(self.attrs))
+
+    @property
+    def label(self) -> str:
+        """How errors name this node: its name and op, e.g. "node 'conv1' (Conv)"."""
+        return f"node '{self.name or self.outputs[0]}' ({self.op_type})"
+
+    def replace(self, **changes: Any) -> Node:
+        fields = dict(op_type=self.op_type, inputs=self.inputs, outputs=self.outputs, attrs=self.attrs,
+                      name=self.name, domain=self.domain)
+        fields.update(changes)
+        return Node(**fields)
+
+
+@dataclass
+class Graph:
+    """A dataflow graph. values holds the TensorInfo of every value known (inputs, initializers, node outputs)."""
+
+    nodes: list[Node]
+    inputs: list[str]
+    outputs: list[str]
+    initializers: dict[str, np.ndarray]
+    values: dict[str, TensorInfo]
+    opset: int
+    name: str = "graph"
+    opsets: dict[str, int] = field(default_factory=dict)  # other domains, e.g. {"com.edgetrain": 1}
+
+    # ---- queries -------------------------------------------------------------------------------------------
+    def producers(self) -> dict[str, Node]:
+        return {o: n for n in self.nodes for o in n.outputs if o}
+
+    def consumers(self) -> dict[str, list[Node]]:
+        uses: dict[str, list[Node]] = {}
+        for n in self.nodes:
+            for i in n.inputs:
+                if i:
+                    uses.setdefault(i, []).append(n)
+        return uses
+
+    def info(self, name: str) -> TensorInfo:
+        try:
+            return self.values[name]
+        except KeyError:
+            raise ShapeError(f"value '{name}' has no known dtype or shape") from None
+
+    def copy(self, **changes: Any) -> Graph:
+        fields = dict(nodes=list(self.nodes), inputs=list(self.inputs), outputs=list(self.outputs),
+                      initializers=dict(self.initializers), values=dict(self.values), opset=self.opset,
+                      name=self.name, opsets=dict(self.opsets))
+        fields.update(changes)
+        return Graph(**fields)
+
+    def toposorted(self) -> Graph:
+        return self.copy(nodes=toposort(self.nodes, available=set(self.inputs) | set(self.initializers)))
+
+    def verify(self, *, static: bool = False) -> None:
+        """Check the structural invariants every pass must keep; static=True also asks for static shapes."""
+        defined: set[str] = set()
+        for name in list(self.inputs) + list(self.initializers):
+            if name in defined and name not in self.initializers:
+                raise ModelError(f"value '{name}' is declared twice as a graph input")
+            defined.add(name)
+        for name, arr in self.initializers.items():
+            assert isinstance(arr, np.ndarray), f"initializer '{name}' is {type(arr).__name__}, not ndarray"
+        for node in self.nodes:
+            for i in node.inputs:
+                if i and i not in defined:
+                    raise ModelError(f"{node.label} reads '{i}', which is not defined before it "
+                                     "(graph not in topological order, or a dangling name)")
+            for o in node.outputs:
+                if o and o in defined:
+                    raise ModelError(f"{node.label} writes '{o}', which is already defined")
+                if o:
+                    defined.add(o)
+        for o in self.outputs:
+            if o not in defined:
+                raise ModelError(f"graph output '{o}' is produced by no node, input or initializer")
+        if static:
+            for name in defined:
+                info = self.values.get(name)
+                if info is None or not info.is_static:
+                    raise ShapeError(f"value '{name}' has no static shape ({info})")
+
+
+def toposort(nodes: Sequence[Node], available: Iterable[str]) -> list[Node]:
+    """Kahn's algorithm, stable: among ready nodes the earliest in the given order goes first."""
+    ready_values = set(available)
+    producer = {o: idx for idx, n in enumerate(nodes) for o in n.outputs if o}
+    waiting = [0] * len(nodes)
+    dependents: dict[int, list[int]] = {}
+    for idx, n in enumerate(nodes):
+        deps = {producer[i] for i in n.inputs if i and i not in ready_values and i in producer}
+        missing = [i for i in n.inputs if i and i not in ready_values and i not in producer]
+        if missing:
+            raise ModelError(f"{n.label} reads '{missing[0]}', which no node, input or initializer defines")
+        waiting[idx] = len(deps)
+        for d in deps:
+            dependents.setdefault(d, []).append(idx)
+    heap = [idx for idx in range(len(nodes)) if waiting[idx] == 0]
+    heapq.heapify(heap)
+    order: list[Node] = []
+    while heap:
+        idx = heapq.heappop(heap)
+        order.append(nodes[idx])
+        for d in dependents.get(idx, ()):
+            waiting[d] -= 1
+            if waiting[d] == 0:
+                heapq.heappush(heap, d)
+    if len(order) != len(nodes):
+        stuck = next(nodes[i] for i in range(len(nodes)) if waiting[i] > 0)
+        raise ModelError(f"the graph has a cycle through {stuck.label}")
+    return order
+
+
+_SUFFIX = re.compile(r"^(.*?)(?:_(\d+))?$")
+
+
+class GraphBuilder:
+    """Adds nodes and initializers to a copy of a graph, with fresh names that are deterministic.
+
+    A fresh name is the hint itself when unused, else hint_1, hint_2, ...: building the same model twice
+    gives the same names, so the artifacts are byte-identical.
+    """
+
+    def __init__(self, graph: Graph):
+        self.graph = graph.copy()
+        self._used: set[str] = set(graph.values) | set(graph.initializers) | set(graph.inputs)
+        for n in graph.nodes:
+            self._used.update(o for o in n.outputs if o)
+            if n.name:
+                self._used.add(n.name)
+        self._counters: dict[str, int] = {}
+
+    def reserve(self, names: Iterable[str]) -> None:
+        """Marks names as taken (e.g. the value names of a model still being imported)."""
+        self._used.update(n for n in names if n)
+
+    def fresh(self, hint: str) -> str:
+        hint = hint or "v"
+        if hint not in self._used:
+            self._used.add(hint)
+            return hint
+        k = self._counters.get(hint, 0)
+        while True:
+            k += 1
+            cand = f"{hint}_{k}"
+            if cand not in self._used:
+                self._counters[hint] = k
+                self._used.add(cand)
+                return cand
+
+    def add(self, op_type: str, inputs: Sequence[str], *, attrs: Mapping[str, Any] | None = None,
+            outputs: int | Sequence[str] = 1, name: str | None = None, domain: str = DEFAULT_DOMAIN,
+            infos: Sequence[TensorInfo] | None = None) -> list[str]:
+        """Appends one node and returns its output names (fresh ones when outputs is a count)."""
+        base = name or op_type
+        if isinstance(outputs, int):
+            out_names = [self.fresh(f"{base}_out" if outputs == 1 else f"{base}_out{k}") for k in range(outputs)]
+        else:
+            out_names = list(outputs)
+            self._used.update(out_names)
+        node_name = self.fresh(base) if name is None or name in self._used else name
+        self._used.add(node_name)
+        self.graph.nodes.append(Node(op_type, tuple(inputs), tuple(out_names), dict(attrs or {}),
+                                     node_name, domain))
+        if infos is not None:
+            for o, info in zip(out_names, infos):
+                self.graph.values[o] = info
+        return out_names
+
+    def add1(self, op_type: str, *inputs: str, **kw: Any) -> str:
+        """add() for the common one-output case: returns the single output name."""
+        return self.add(op_type, inputs, **kw)[0]
+
+    def initializer(self, hint: str, array: np.ndarray) -> str:
+        name = self.fresh(hint)
+        array = np.asarray(array)
+        self.graph.initializers[name] = array
+        self.graph.values[name] = TensorInfo(array.dtype, tuple(int(d) for d in array.shape))
+        return name
+
+    def finish(self, outputs: Sequence[str] | None = None) -> Graph:
+        g = self.graph
+        if outputs is not None:
+            g.outputs = list(outputs)
+        return g

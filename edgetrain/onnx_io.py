@@ -1,0 +1,295 @@
+"""ONNX ModelProto -> edgetrain Graph (and back): the only module besides the export edges that imports onnx.
+
+Import rewrites every node into the newest form of its op (the "canonical" opset, at least 18), so the
+interpreter, the autodiff and the emitted training graphs see one semantics per op type: attributes that later
+opsets turned into inputs (Slice, Squeeze, Unsqueeze, Split, Reduce*, Pad, Clip, Dropout, TopK) become constant
+inputs, and the pre-13 flatten-to-2-D Softmax family becomes Flatten -> Softmax(axis=-1) -> Reshape.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import ModelError, UnsupportedError
+from .ir import Graph, GraphBuilder, Node, TensorInfo
+from .passes import make_static
+
+try:
+    import onnx
+    from onnx import helper, numpy_helper
+except ImportError as _e:  # pragma: no cover - exercised by the numpy-only test
+    raise ImportError("edgetrain's ONNX import/export needs the onnx package: pip install 'edgetrain[convert]'") \
+        from _e
+
+MIN_OPSET = 7
+CANONICAL_OPSET = 18  # every node is rewritten into its form at max(model opset, this)
+REDUCE_OPS = ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceSumSquare", "ReduceL1",
+              "ReduceL2", "ReduceLogSum", "ReduceLogSumExp")
+
+
+def load_model(model: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.ModelProto:
+    """Reads a model from a path, bytes or a ModelProto; anything that is not ONNX is a ModelError."""
+    if isinstance(model, onnx.ModelProto):
+        return model
+    if isinstance(model, bytes):
+        try:
+            return onnx.load_model_from_string(model)
+        except Exception as e:
+            raise ModelError(f"the bytes given are not an ONNX model ({type(e).__name__}: {e})") from e
+    if not isinstance(model, (str, os.PathLike)):
+        raise ModelError(f"a model is a file path, bytes or onnx.ModelProto, not {type(model).__name__}")
+    path = Path(model)
+    if not path.is_file():
+        raise ModelError(f"model file '{path}' does not exist" if not path.exists()
+                         else f"'{path}' is a directory, not an ONNX model file")
+    try:
+        proto = onnx.load(str(path))
+    except Exception as e:
+        raise ModelError(f"'{path}' is not an ONNX model: it does not parse as an ONNX ModelProto "
+                         f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'no detail'})") from e
+    if not proto.graph.node and not proto.graph.output:
+        raise ModelError(f"'{path}' is not an ONNX model: it parses, but holds no graph "
+                         "(an empty or foreign protobuf file?)")
+    return proto
+
+
+def _np_dtype(elem_type: int, what: str) -> np.dtype:
+    try:
+        return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
+    except Exception:
+        raise UnsupportedError(f"{what} has ONNX element type {elem_type} "
+                               f"({onnx.TensorProto.DataType.Name(elem_type) if elem_type else 'undefined'}), "
+                               "which numpy has no dtype for") from None
+
+
+def _value_info(vi: onnx.ValueInfoProto) -> TensorInfo:
+    t = vi.type
+    if t.WhichOneof("value") != "tensor_type":
+        raise UnsupportedError(f"value '{vi.name}' is a {t.WhichOneof('value')}, not a tensor; edgetrain runs "
+                               "tensor graphs only")
+    tt = t.tensor_type
+    dtype = _np_dtype(tt.elem_type, f"value '{vi.name}'")
+    if not tt.HasField("shape"):
+        return TensorInfo(dtype, None)
+    dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim)
+    return TensorInfo(dtype, dims)
+
+
+def _attr_value(a: onnx.AttributeProto, node_label: str) -> Any:
+    if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
+        raise UnsupportedError(f"{node_label}: attribute '{a.name}' is a subgraph; control flow (If, Loop, "
+                               "Scan) is not supported")
+    if a.type == onnx.AttributeProto.SPARSE_TENSOR:
+        raise UnsupportedError(f"{node_label}: sparse tensor attribute '{a.name}' is not supported")
+    v = helper.get_attribute_value(a)
+    if isinstance(v, bytes):
+        return v.decode("utf-8")
+    if isinstance(v, onnx.TensorProto):
+        return numpy_helper.to_array(v)
+    if isinstance(v, list):
+        return [x.decode("utf-8") if isinstance(x, bytes) else
+                numpy_helper.to_array(x) if isinstance(x, onnx.TensorProto) else x for x in v]
+    return v
+
+
+def _opset_of(proto: onnx.ModelProto) -> int:
+    versions = {o.domain: o.version for o in proto.opset_import}
+    opset = versions.get("", versions.get("ai.onnx"))
+    if opset is None:
+        opset = 1 if not proto.opset_import else None
+    if opset is None:
+        raise UnsupportedError("the model imports no version of the standard ONNX domain; edgetrain runs "
+                               "ai.onnx ops only")
+    newest = onnx.defs.onnx_opset_version()
+    if opset < MIN_OPSET:
+        raise UnsupportedError(f"the model uses opset {opset}; edgetrain supports opsets {MIN_OPSET} to {newest}: "
+                               f"upgrade it with onnx.version_converter.convert_version(model, {CANONICAL_OPSET})")
+    if opset > newest:
+        raise UnsupportedError(f"the model uses opset {opset}, newer than the installed onnx knows ({newest}); "
+                               "upgrade the onnx package")
+    return opset
+
+
+def from_onnx(model: str | os.PathLike | bytes | onnx.ModelProto) -> Graph:
+    """Converts a model to a Graph in canonical form, shapes as declared (not yet static)."""
+    proto = load_model(model)
+    if proto.functions:
+        proto = onnx.inliner.inline_local_functions(proto)
+    opset = _opset_of(proto)
+    g = proto.graph
+    initializers: dict[str, np.ndarray] = {}
+    values: dict[str, TensorInfo] = {}
+    for t in g.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            raise ModelError(f"initializer '{t.name}' lives in an external data file that was not loaded; "
+                             "load the model from its path, next to its data files")
+        try:
+            arr = numpy_helper.to_array(t)
+        except Exception as e:
+            raise UnsupportedError(f"initializer '{t.name}' cannot be read as a numpy array: {e}") from e
+        initializers[t.name] = np.ascontiguousarray(arr)
+        values[t.name] = TensorInfo(arr.dtype, tuple(int(d) for d in arr.shape))
+    if g.sparse_initializer:
+        raise UnsupportedError(f"sparse initializer '{g.sparse_initializer[0].values.name}' is not supported")
+    inputs = []
+    for vi in g.input:
+        if vi.name in initializers:  # old exporters list weights as inputs too: they stay constants
+            continue
+        inputs.append(vi.name)
+        values[vi.name] = _value_info(vi)
+    graph = Graph(nodes=[], inputs=inputs, outputs=[o.name for o in g.output], initializers=initializers,
+                  values=values, opset=max(opset, CANONICAL_OPSET), name=g.name or "graph")
+    b = GraphBuilder(graph)
+    b.reserve(name for n in g.node for name in (*n.output, n.name))
+    seen_names: set[str] = set()
+    for idx, n in enumerate(g.node):
+        name = n.name or f"{n.op_type}_{idx}"
+        if name in seen_names:
+            name = f"{name}_{idx}"
+        seen_names.add(name)
+        label = f"node '{name}' ({n.op_type})"
+        attrs = {a.name: _attr_value(a, label) for a in n.attribute}
+        node = Node(n.op_type, tuple(n.input), tuple(n.output), attrs, name, n.domain)
+        if n.domain not in ("", "ai.onnx"):
+            raise UnsupportedError(f"{label} is in domain '{n.domain}'; edgetrain runs the standard ONNX "
+                                   "domain (ai.onnx) only")
+        _canonicalize(b, node, opset)
+    return b.finish()
+
+
+def import_model(model: str | os.PathLike | bytes | onnx.ModelProto, *, batch_size: int | None = None,
+                 shapes: Mapping[str, Sequence[int]] | None = None) -> Graph:
+    """ONNX model -> static, folded Graph ready for the interpreter (every value has a static shape)."""
+    return make_static(from_onnx(model), batch_size=batch_size, shapes=shapes)
+
+
+# ---- canonicalization: older op versions -> the newest form ------------------------------------------------
+
+def _since(op_type: str, opset: int) -> int:
+    try:
+        return onnx.defs.get_schema(op_type, opset, "").since_version
+    except Exception:
+        return opset  # unknown to onnx: the interpreter will report it as unsupported
+
+
+def _const(b: GraphBuilder, node: Node, what: str, value: Any, dtype: str) -> str:
+    return b.initializer(f"{node.name}_{what}", np.asarray(value, dtype=dtype))
+
+
+def _attr_to_input(b: GraphBuilder, node: Node, *, attrs: Sequence[tuple[str, str]], n_data: int) -> Node:
+    """Moves attributes into trailing constant inputs (named by attrs: (attribute, dtype)), after n_data
+    inputs; an absent attribute becomes an omitted input, trailing omitted ones are dropped."""
+    inputs = list(node.inputs[:n_data]) + [""] * max(0, n_data - len(node.inputs))
+    rest = dict(node.attrs)
+    for attr, dtype in attrs:
+        inputs.append(_const(b, node, attr, rest.pop(attr), dtype) if attr in rest else "")
+    while inputs and not inputs[-1]:
+        inputs.pop()
+    return node.replace(inputs=tuple(inputs), attrs=rest)
+
+
+def _softmax_pre13(b: GraphBuilder, node: Node) -> None:
+    # Pre-13 Softmax coerces the input to 2-D at `axis` and normalises each row: Flatten, softmax over the
+    # last axis, reshape back. Shape inference later drops the Flatten/Reshape when they change nothing.
+    axis = node.attrs.get("axis", 1)
+    x, y = node.inputs[0], node.outputs[0]
+    flat = b.add1("Flatten", x, attrs={"axis": axis}, name=f"{node.name}_flatten")
+    soft = b.add1(node.op_type, flat, attrs={"axis": -1}, name=node.name)
+    shape = b.add1("Shape", x, name=f"{node.name}_shape")
+    b.add("Reshape", [soft, shape], outputs=[y], name=f"{node.name}_reshape")
+
+
+def _canonicalize(b: GraphBuilder, node: Node, opset: int) -> None:
+    op, since = node.op_type, _since(node.op_type, opset)
+    rule = _RULES.get(op)
+    if op == "Constant":
+        value = _constant_value(node)
+        b.graph.initializers[node.outputs[0]] = value
+        b.graph.values[node.outputs[0]] = TensorInfo(value.dtype, tuple(value.shape))
+        return
+    if rule is not None:
+        new_since, fn = rule
+        if since < new_since:
+            result = fn(b, node)
+            if result is None:
+                return
+            node = result
+    b.graph.nodes.append(node)
+
+
+def _constant_value(node: Node) -> np.ndarray:
+    a = node.attrs
+    if "value" in a:
+        return np.asarray(a["value"])
+    for key, dtype in (("value_float", "float32"), ("value_floats", "float32"), ("value_int", "int64"),
+                       ("value_ints", "int64")):
+        if key in a:
+            return np.asarray(a[key], dtype=dtype)
+    for key in ("value_string", "value_strings"):
+        if key in a:
+            return np.asarray(a[key], dtype=object)
+    raise UnsupportedError(f"{node.label} has no supported value attribute ({', '.join(a) or 'none'}); "
+                           "use 'value' or value_float(s)/value_int(s)")
+
+
+def _split_pre18(b: GraphBuilder, node: Node) -> Node:
+    if "split" in node.attrs:  # Split-2/11: sizes as an attribute
+        node = _attr_to_input(b, node, attrs=[("split", "int64")], n_data=1)
+    if len(node.inputs) < 2 or not node.inputs[1]:
+        node = node.replace(attrs={**node.attrs, "num_outputs": len(node.outputs)})
+    return node
+
+
+def _batchnorm_pre9(b: GraphBuilder, node: Node) -> Node:
+    attrs = dict(node.attrs)
+    if attrs.pop("spatial", 1) != 1:
+        raise UnsupportedError(f"{node.label}: spatial=0 (per-activation statistics) is not supported; "
+                               "only the standard per-channel BatchNormalization (spatial=1)")
+    attrs.pop("is_test", None)
+    attrs.pop("consumed_inputs", None)
+    return node.replace(attrs=attrs)
+
+
+def _dropout_pre12(b: GraphBuilder, node: Node) -> Node:
+    attrs = dict(node.attrs)
+    attrs.pop("is_test", None)
+    return _attr_to_input(b, node.replace(attrs=attrs), attrs=[("ratio", "float32")], n_data=1)
+
+
+def _pad_pre11(b: GraphBuilder, node: Node) -> Node:
+    attrs = dict(node.attrs)
+    pads = _const(b, node, "pads", attrs.pop("pads"), "int64")
+    value = _const(b, node, "value", attrs.pop("value", 0.0), "float32")
+    return node.replace(inputs=(node.inputs[0], pads, value), attrs=attrs)
+
+
+def _scatter(b: GraphBuilder, node: Node) -> Node:
+    return node.replace(op_type="ScatterElements")
+
+
+Rule = tuple[int, Callable[[GraphBuilder, Node], Node | None]]
+_RULES: dict[str, Rule] = {
+    "Slice": (10, lambda b, n: _attr_to_input(
+        b, n, attrs=[("starts", "int64"), ("ends", "int64"), ("axes", "int64")], n_data=1)),
+    "Squeeze": (13, lambda b, n: _attr_to_input(b, n, attrs=[("axes", "int64")], n_data=1)),
+    "Unsqueeze": (13, lambda b, n: _attr_to_input(b, n, attrs=[("axes", "int64")], n_data=1)),
+    "Split": (18, _split_pre18),
+    "Pad": (11, _pad_pre11),
+    "Clip": (11, lambda b, n: _attr_to_input(b, n, attrs=[("min", "float32"), ("max", "float32")], n_data=1)),
+    "Dropout": (12, _dropout_pre12),
+    "TopK": (10, lambda b, n: _attr_to_input(  # K became a 1-element 1-D input
+        b, n.replace(attrs={**n.attrs, "k": [n.attrs["k"]]}), attrs=[("k", "int64")], n_data=1)),
+    "BatchNormalization": (9, _batchnorm_pre9),
+    "Softmax": (13, _softmax_pre13),
+    "LogSoftmax": (13, _softmax_pre13),
+    "Hardmax": (13, _softmax_pre13),
+    "Scatter": (99, _scatter),
+    # axes became an input in opset 13 for ReduceSum, in 18 for the other reductions
+    **{op: (13 if op == "ReduceSum" else 18,
+            lambda b, n: _attr_to_input(b, n, attrs=[("axes", "int64")], n_data=1)) for op in REDUCE_OPS},
+}

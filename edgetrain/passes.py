@@ -1,0 +1,207 @@
+"""Graph -> Graph passes that make an imported graph static and lean (numpy only, no onnx):
+fixing input shapes, shape inference by execution, constant folding, no-op elimination, dead-code pruning."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from .errors import EdgeTrainError, ShapeError
+from .ir import Graph, Node, TensorInfo
+
+# Ops whose output is random: never folded, even on constant inputs.
+NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
+                    "Bernoulli"}
+# Inputs (by position) that decide an op's output shape: after folding they must be constants,
+# or the graph's shapes depend on the data and cannot be planned statically.
+SHAPE_INPUTS = {"Reshape": (1,), "Expand": (1,), "ConstantOfShape": (0,), "Tile": (1,), "Slice": (1, 2, 3, 4),
+                "Squeeze": (1,), "Unsqueeze": (1,), "Pad": (1, 3), "Split": (1,), "Range": (0, 1, 2),
+                "TopK": (1,), "OneHot": (1,), "Resize": (1, 2, 3), "Upsample": (1,), "ReduceSum": (1,),
+                "ReduceMean": (1,), "ReduceMax": (1,), "ReduceMin": (1,), "ReduceProd": (1,),
+                "ReduceSumSquare": (1,), "ReduceL1": (1,), "ReduceL2": (1,), "ReduceLogSum": (1,),
+                "ReduceLogSumExp": (1,), "EyeLike": (), "CumSum": (1,)}
+DATA_DEPENDENT = {"NonZero", "Unique", "Compress", "NonMaxSuppression", "StringSplit"}
+
+
+def fix_input_shapes(graph: Graph, *, batch_size: int | None = None,
+                     shapes: Mapping[str, Sequence[int]] | None = None) -> Graph:
+    """Makes every graph input static: shapes[name] when given, else a symbolic or unknown leading
+    dimension becomes batch_size. Any dimension left unknown is a ShapeError that says what to pass."""
+    shapes = dict(shapes or {})
+    values = dict(graph.values)
+    for name in graph.inputs:
+        info = graph.values.get(name)
+        if info is None or info.shape is None:
+            if name in shapes:
+                values[name] = TensorInfo(info.dtype if info else np.dtype("float32"), tuple(shapes[name]))
+                continue
+            raise ShapeError(f"input '{name}' has no declared shape; re-export the model with a static input "
+                             "shape (e.g. torch.onnx.export with a fixed example input)")
+        dims = list(info.shape)
+        if name in shapes:
+            given = tuple(int(d) for d in shapes[name])
+            if len(given) != len(dims) or any(isinstance(d, int) and d != g for d, g in zip(dims, given)):
+                raise ShapeError(f"input '{name}' is declared as {info}, which shape {list(given)} does not fit")
+            dims = list(given)
+        for k, d in enumerate(dims):
+            if isinstance(d, int) and d >= 0:
+                continue
+            if k == 0 and batch_size is not None:
+                dims[0] = int(batch_size)
+                continue
+            what = f"'{d}'" if isinstance(d, str) else "unknown"
+            hint = "pass batch_size=N to fix it" if k == 0 else \
+                "edgetrain needs static shapes: re-export the model with this dimension fixed"
+            raise ShapeError(f"input '{name}' ({info}): dimension {k} is {what}; {hint}")
+        values[name] = TensorInfo(info.dtype, tuple(dims))
+    return graph.copy(values=values)
+
+
+def infer_shapes(graph: Graph) -> Graph:
+    """Static shape inference by execution: runs the graph once on zero inputs of the (static) input shapes and
+    records every value's dtype and shape. Exact for every op the interpreter runs, as long as no shape depends
+    on the data (check_static_shapes reports those)."""
+    from .runtime.interpreter import Interpreter
+
+    feeds = {}
+    for name in graph.inputs:
+        info = graph.values[name]
+        if not info.is_static:
+            raise ShapeError(f"input '{name}' ({info}) has no static shape; fix it first (batch_size=...)")
+        feeds[name] = np.zeros(info.shape, info.dtype)
+    record: dict[str, TensorInfo] = {}
+    try:
+        with np.errstate(all="ignore"):  # zeros feed logs and divisions: harmless here
+            Interpreter(graph, preallocate=False).run(feeds, record=record)
+    except EdgeTrainError as e:
+        raise type(e)(f"while inferring static shapes: {e}") from e
+    values = dict(graph.values)
+    values.update(record)
+    return graph.copy(values=values)
+
+
+def _is_const_producer(node: Node, consts: Mapping[str, np.ndarray], graph: Graph, fold_shapes: bool) -> bool:
+    if node.op_type in NONDETERMINISTIC or node.domain not in ("", "ai.onnx"):
+        return False
+    if fold_shapes and node.op_type in ("Shape", "Size") and graph.values.get(node.inputs[0], _UNKNOWN).is_static:
+        return True
+    return all(not i or i in consts for i in node.inputs)
+
+
+_UNKNOWN = TensorInfo(np.dtype("float32"), None)
+
+
+def fold_constants(graph: Graph, *, fold_shapes: bool = True) -> Graph:
+    """Evaluates every node whose inputs are all constants (and Shape/Size of static values) and turns its
+    outputs into initializers. Weights built by ConstantOfShape become ordinary initializers this way."""
+    from .runtime.interpreter import Interpreter
+
+    consts = dict(graph.initializers)
+    values = dict(graph.values)
+    kept: list[Node] = []
+    for node in graph.nodes:
+        if not _is_const_producer(node, consts, graph, fold_shapes):
+            kept.append(node)
+            continue
+        inputs = [i for i in node.inputs if i]
+        sub = Graph(nodes=[node], inputs=[], outputs=[o for o in node.outputs if o],
+                    initializers={i: consts[i] for i in inputs if i in consts}, values=values,
+                    opset=graph.opset, name=node.name)
+        if node.op_type in ("Shape", "Size"):  # the data itself is not constant: feed zeros of its shape
+            info = graph.values[node.inputs[0]]
+            sub.initializers[node.inputs[0]] = np.zeros(info.shape, info.dtype)
+        with np.errstate(all="ignore"):
+            results = Interpreter(sub, preallocate=False).run({})
+        for o, r in zip(sub.outputs, results):
+            r = np.ascontiguousarray(r)
+            consts[o] = r
+            values[o] = TensorInfo(r.dtype, tuple(int(d) for d in r.shape))
+    # Initializers that were graph outputs or are still read stay; folded intermediates nobody reads go.
+    read = {i for n in kept for i in n.inputs if i} | set(graph.outputs)
+    initializers = {k: v for k, v in consts.items() if k in read}
+    return graph.copy(nodes=kept, initializers=initializers, values=values)
+
+
+def eliminate_noops(graph: Graph) -> Graph:
+    """Removes Identity nodes, inference-mode Dropout, and Reshape/Flatten/Squeeze/Unsqueeze that do not
+    change the shape, by renaming their readers to read the input (graph outputs keep their names)."""
+    rename: dict[str, str] = {}
+    kept: list[Node] = []
+    kept_by_output: dict[str, int] = {}  # value -> index in kept of the node that writes it
+    outputs = set(graph.outputs)
+    n_readers: dict[str, int] = {}
+    for node in graph.nodes:
+        for i in node.inputs:
+            if i:
+                n_readers[i] = n_readers.get(i, 0) + 1
+    for node in graph.nodes:
+        node = node.replace(inputs=tuple(rename.get(i, i) for i in node.inputs))
+        src = node.inputs[0] if node.inputs else ""
+        out = node.outputs[0] if node.outputs else ""
+        noop = False
+        if node.op_type == "Identity":
+            noop = True
+        elif node.op_type == "Dropout":
+            noop = (len(node.inputs) < 3 or not node.inputs[2]) and not any(node.outputs[1:])
+        elif node.op_type in ("Reshape", "Flatten", "Squeeze", "Unsqueeze"):
+            a, b = graph.values.get(src), graph.values.get(out)
+            noop = a is not None and b is not None and a.is_static and a.shape == b.shape
+        if noop and src and out not in outputs:
+            rename[out] = src
+            n_readers[src] = n_readers.get(src, 0) - 1 + n_readers.get(out, 0)
+            continue
+        if noop and src and n_readers.get(src) == 1 and src not in outputs and kept_by_output.get(src):
+            # The no-op feeds a graph output: let its producer write the output name directly.
+            idx = kept_by_output[src]
+            prod = kept[idx]
+            kept[idx] = prod.replace(outputs=tuple(out if o == src else o for o in prod.outputs))
+            kept_by_output[out] = idx
+            continue
+        for o in node.outputs:
+            if o:
+                kept_by_output[o] = len(kept)
+        kept.append(node)
+    return graph.copy(nodes=kept)
+
+
+def prune(graph: Graph) -> Graph:
+    """Drops nodes whose outputs nothing needs, and initializers nothing reads."""
+    needed = set(graph.outputs)
+    kept: list[Node] = []
+    for node in reversed(graph.nodes):
+        if any(o in needed for o in node.outputs if o):
+            kept.append(node)
+            needed.update(i for i in node.inputs if i)
+    kept.reverse()
+    initializers = {k: v for k, v in graph.initializers.items() if k in needed}
+    live = needed | {o for n in kept for o in n.outputs if o} | set(graph.inputs)
+    values = {k: v for k, v in graph.values.items() if k in live}
+    return graph.copy(nodes=kept, initializers=initializers, values=values)
+
+
+def check_static_shapes(graph: Graph) -> None:
+    """Raises a ShapeError naming the node whose output shape would depend on the data at run time."""
+    consts = set(graph.initializers)
+    for node in graph.nodes:
+        if node.op_type in DATA_DEPENDENT:
+            raise ShapeError(f"{node.label}: its output shape depends on the data, and edgetrain plans memory "
+                             "with static shapes; remove the op from the model or replace it by a fixed-size op")
+        for pos in SHAPE_INPUTS.get(node.op_type, ()):
+            if pos < len(node.inputs) and node.inputs[pos] and node.inputs[pos] not in consts:
+                raise ShapeError(f"{node.label}: input '{node.inputs[pos]}' decides the output shape but is "
+                                 "computed from the data at run time; edgetrain needs static shapes "
+                                 "(export the model with a constant there)")
+    graph.verify(static=True)
+
+
+def make_static(graph: Graph, *, batch_size: int | None = None,
+                shapes: Mapping[str, Sequence[int]] | None = None) -> Graph:
+    """The whole static pipeline: fix inputs, infer shapes, fold constants, drop no-ops and dead code."""
+    g = fix_input_shapes(graph, batch_size=batch_size, shapes=shapes)
+    g = infer_shapes(g)
+    g = fold_constants(g)
+    g = eliminate_noops(g)
+    g = prune(g)
+    check_static_shapes(g)
+    return g

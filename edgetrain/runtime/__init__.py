@@ -1,0 +1,6 @@
+"""edgetrain's device side: a numpy-only interpreter, its kernels and the sessions. Never imports onnx."""
+
+from .interpreter import Interpreter, supported_ops
+from .session import InferenceSession, NodeArg
+
+__all__ = ["InferenceSession", "Interpreter", "NodeArg", "supported_ops"]

@@ -1,0 +1,188 @@
+"""The interpreter (numpy only): a Graph compiled once into a list of steps, then run over feeds.
+
+Compiling resolves each node's kernel, checks its attributes against the kernel's signature, numbers the values
+into slots, and computes when each value dies, so that the loop in `run` is a few lines: fetch inputs by slot,
+call the kernel, store outputs, drop dead values.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import EdgeTrainError, ExecutionError, FeedError, UnsupportedError
+from ..ir import Graph, Node, TensorInfo
+from .kernels import KERNELS
+
+
+@dataclass(frozen=True)
+class Step:
+    fn: Callable[..., Any]
+    ins: tuple[int, ...]  # slots; -1 for an omitted optional input
+    outs: tuple[int, ...]  # slots; -1 for an omitted optional output
+    kwargs: dict[str, Any]  # attributes (and noutputs) for the kernel
+    out_buffer: int  # slot of the first output when the kernel writes into a preallocated buffer, else -1
+    free: tuple[int, ...]  # slots whose last reader is this step
+    node: Node
+
+
+def supported_ops() -> list[str]:
+    return sorted(KERNELS)
+
+
+def _compile_step(node: Node) -> tuple[Callable[..., Any], dict[str, Any]]:
+    """Resolves the kernel of one node and its keyword arguments; user errors name the node."""
+    if node.domain not in ("", "ai.onnx"):
+        raise UnsupportedError(f"{node.label} is in domain '{node.domain}', which edgetrain does not run; "
+                               "only the standard ONNX domain (ai.onnx) is supported")
+    kern = KERNELS.get(node.op_type)
+    if kern is None:
+        raise UnsupportedError(f"{node.label}: op '{node.op_type}' has no kernel in edgetrain. "
+                               f"Supported ops: {', '.join(supported_ops())}")
+    unknown = sorted(set(node.attrs) - set(kern.attrs))
+    if unknown:
+        raise UnsupportedError(f"{node.label}: attribute '{unknown[0]}' is not supported by {node.op_type}; "
+                               f"supported attributes: {', '.join(sorted(kern.attrs)) or 'none'}")
+    missing = [a for a, d in kern.attrs.items() if d is inspect.Parameter.empty and a not in node.attrs]
+    if missing:
+        raise UnsupportedError(f"{node.label}: required attribute '{missing[0]}' is missing")
+    n_in = len(node.inputs)
+    lo, hi = kern.n_inputs
+    if n_in < max(lo, 1 if hi is None else 0) or (hi is not None and n_in > hi):
+        takes = str(lo) if hi == lo else f"{lo} to {'any number' if hi is None else hi}"
+        raise UnsupportedError(f"{node.label} has {n_in} inputs; {node.op_type} takes {takes}")
+    kwargs = dict(node.attrs)
+    if kern.wants_noutputs:
+        kwargs["noutputs"] = max((k + 1 for k, o in enumerate(node.outputs) if o), default=1)
+    return kern.fn, kwargs
+
+
+class Interpreter:
+    """Runs one graph. Values with static shapes whose kernel writes in place get a buffer allocated once and
+    reused on every run (no allocation in steady state); graph outputs are always fresh arrays."""
+
+    def __init__(self, graph: Graph, *, preallocate: bool = True):
+        self.graph = graph
+        names = list(graph.inputs) + list(graph.initializers)
+        for n in graph.nodes:
+            names.extend(o for o in n.outputs if o)
+        self.slot = {name: k for k, name in enumerate(dict.fromkeys(names))}
+        self._names = list(self.slot)
+        self.n_slots = len(self.slot)
+        keep = set(graph.outputs) | set(graph.initializers) | set(graph.inputs)
+        last_use: dict[int, int] = {}
+        for idx, n in enumerate(graph.nodes):
+            for i in n.inputs:
+                if i:
+                    last_use[self.slot[i]] = idx
+        steps = []
+        for idx, n in enumerate(graph.nodes):
+            fn, kwargs = _compile_step(n)
+            ins = tuple(self.slot[i] if i else -1 for i in n.inputs)
+            outs = tuple(self.slot[o] if o else -1 for o in n.outputs)
+            # A value nobody reads dies at once; one that is read dies after its last reader.
+            free = {s for s in ins if s >= 0 and last_use.get(s) == idx}
+            free |= {s for s in outs if s >= 0 and s not in last_use}
+            free = tuple(sorted(s for s in free if self._name(s) not in keep))
+            buf = -1
+            if preallocate and outs and outs[0] >= 0 and n.outputs[0] not in keep \
+                    and KERNELS[n.op_type].writes_out and graph.values.get(n.outputs[0], _NO).is_static:
+                buf = outs[0]
+            steps.append(Step(fn, ins, outs, kwargs, buf, free, n))
+        self.steps = steps
+        self._buffers: dict[int, np.ndarray] = {}
+        self._consts = [(self.slot[k], v) for k, v in graph.initializers.items()]
+        self._in_slots = [(name, self.slot[name]) for name in graph.inputs]
+
+    def _name(self, s: int) -> str:
+        return self._names[s]
+
+    def _buffer(self, s: int) -> np.ndarray:
+        b = self._buffers.get(s)
+        if b is None:
+            info = self.graph.values[self._name(s)]
+            b = self._buffers[s] = np.empty(info.shape, info.dtype)
+        return b
+
+    def run(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None,
+            record: dict[str, TensorInfo] | None = None) -> list[np.ndarray]:
+        """Runs the graph on feeds (already checked) and returns the requested outputs (all by default).
+        record, when given, receives the dtype and shape of every value computed (used by shape inference)."""
+        env: list[Any] = [None] * self.n_slots
+        for s, v in self._consts:
+            env[s] = v
+        for name, s in self._in_slots:
+            env[s] = feeds[name]
+        for st in self.steps:
+            args = [env[s] if s >= 0 else None for s in st.ins]
+            try:
+                if st.out_buffer >= 0:
+                    res = st.fn(*args, out=self._buffer(st.out_buffer), **st.kwargs)
+                else:
+                    res = st.fn(*args, **st.kwargs)
+            except EdgeTrainError as e:
+                raise type(e)(f"{st.node.label}: {e}") from e
+            except Exception as e:  # a kernel failure on inputs it cannot handle: say where, with the shapes
+                shapes = ", ".join("None" if a is None else f"{a.dtype}{list(a.shape)}" for a in args)
+                raise ExecutionError(f"{st.node.label} failed on inputs ({shapes}): "
+                                     f"{type(e).__name__}: {e}") from e
+            if len(st.outs) == 1:
+                env[st.outs[0]] = res
+            else:
+                if not isinstance(res, tuple):
+                    res = (res,)
+                for s, r in zip(st.outs, res):
+                    if s >= 0:
+                        env[s] = r
+            if record is not None:
+                for o, s in zip(st.node.outputs, st.outs):
+                    if s >= 0 and env[s] is not None:
+                        record[o] = TensorInfo(env[s].dtype, tuple(int(d) for d in env[s].shape))
+            for s in st.free:
+                env[s] = None
+        wanted = self.graph.outputs if outputs is None else outputs
+        return [env[self.slot[name]] for name in wanted]
+
+
+_NO = TensorInfo(np.dtype("float32"), None)
+
+
+def check_feeds(graph: Graph, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Validates feeds against the graph's inputs (names, dtypes, static shapes) and returns them as arrays."""
+    if not isinstance(feeds, Mapping):
+        raise FeedError(f"feeds must be a dict of input name -> array, not {type(feeds).__name__}; "
+                        f"inputs: {_describe_inputs(graph)}")
+    unknown = [k for k in feeds if k not in graph.inputs]
+    if unknown:
+        raise FeedError(f"'{unknown[0]}' is not an input of the model; its inputs are: {_describe_inputs(graph)}")
+    missing = [k for k in graph.inputs if k not in feeds]
+    if missing:
+        raise FeedError(f"input '{missing[0]}' is missing from the feeds; the model's inputs are: "
+                        f"{_describe_inputs(graph)}")
+    out = {}
+    for name in graph.inputs:
+        x = np.asarray(feeds[name])
+        info = graph.values[name]
+        if x.dtype != info.dtype:
+            raise FeedError(f"input '{name}' must be {np.dtype(info.dtype).name}, got {x.dtype.name}; "
+                            f"convert it with .astype(np.{np.dtype(info.dtype).name})")
+        if info.shape is not None:
+            ok = len(x.shape) == len(info.shape) and all(
+                not isinstance(d, int) or d == s for d, s in zip(info.shape, x.shape))
+            if not ok:
+                raise FeedError(f"input '{name}' must have shape {_fmt_shape(info.shape)}, got {list(x.shape)}")
+        out[name] = x
+    return out
+
+
+def _fmt_shape(shape: Sequence[Any]) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+def _describe_inputs(graph: Graph) -> str:
+    return ", ".join(f"'{n}' {graph.values[n]}" if n in graph.values else f"'{n}'" for n in graph.inputs) \
+        or "(none)"

@@ -1,0 +1,102 @@
+"""The nine real model graphs onnx ships under backend/test/data/light, run by edgetrain's interpreter:
+their stored outputs, and (because those are uniform softmaxes from constant weights) the same graphs with
+seeded random weights against onnxruntime."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import helper, numpy_helper
+
+import edgetrain as et
+
+LIGHT = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
+MODELS = ["bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet", "squeezenet",
+          "vgg19", "zfnet512"]
+
+
+def _randomize_weights(model: onnx.ModelProto, seed: int) -> onnx.ModelProto:
+    """Replaces every ConstantOfShape weight fill by seeded random values: He-normal for Conv and Gemm weights,
+    the constant times a uniform factor in [0.9, 1.1] elsewhere (BatchNorm variances stay positive)."""
+    rng = np.random.default_rng(seed)
+    g = model.graph
+    inits = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+    weight_of = {}  # value name -> (op, node) reading it as input 1
+    for n in g.node:
+        if n.op_type in ("Conv", "Gemm") and len(n.input) > 1:
+            weight_of[n.input[1]] = n
+    nodes = []
+    for n in g.node:
+        if n.op_type != "ConstantOfShape" or n.input[0] not in inits:
+            nodes.append(n)
+            continue
+        shape = tuple(int(d) for d in inits[n.input[0]])
+        fill = float(numpy_helper.to_array(n.attribute[0].t).ravel()[0]) if n.attribute else 0.0
+        user = weight_of.get(n.output[0])
+        if user is not None:
+            if user.op_type == "Conv":
+                fan_in = int(np.prod(shape[1:]))
+            else:
+                trans_b = next((a.i for a in user.attribute if a.name == "transB"), 0)
+                fan_in = shape[1] if trans_b else shape[0]
+            w = rng.standard_normal(shape) * np.sqrt(2.0 / fan_in)
+        else:
+            w = fill * rng.uniform(0.9, 1.1, size=shape)
+        g.initializer.append(numpy_helper.from_array(w.astype(np.float32), n.output[0]))
+    del g.node[:]
+    g.node.extend(nodes)
+    return model
+
+
+def _with_logits_output(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Adds the input of the final Softmax as a graph output: it is far more sensitive than probabilities."""
+    last = next(n for n in reversed(model.graph.node) if n.op_type == "Softmax")
+    model.graph.output.append(helper.make_empty_tensor_value_info(last.input[0]))
+    return model
+
+
+def _ort_session(model: onnx.ModelProto) -> ort.InferenceSession:
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_light_model(name, report):
+    path = os.path.join(LIGHT, f"light_{name}.onnx")
+    model = onnx.load(path)
+    input_name = next(i.name for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer})
+
+    # 1. The stored output, from the constant weights the file carries.
+    expected = numpy_helper.to_array(onnx.load_tensor(os.path.join(LIGHT, f"light_{name}_output_0.pb")))
+    x_fixed = (np.arange(3 * 224 * 224, dtype=np.float64).reshape(1, 3, 224, 224) / (3 * 224 * 224)).astype(
+        np.float32)
+    t0 = time.perf_counter()
+    sess = et.InferenceSession(path)
+    t_load = time.perf_counter() - t0
+    (got,) = sess.run(None, {input_name: x_fixed})
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-7)
+
+    # 2. Random weights and inputs against onnxruntime, probabilities and logits.
+    rnd = _with_logits_output(_randomize_weights(onnx.load(path), seed=sum(map(ord, name))))
+    x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    ref = _ort_session(rnd).run(None, {input_name: x})
+    t0 = time.perf_counter()
+    sess = et.InferenceSession(rnd)
+    t_import = time.perf_counter() - t0
+    sess.run(None, {input_name: x})
+    t0 = time.perf_counter()
+    ours = sess.run(None, {input_name: x})
+    t_run = time.perf_counter() - t0
+    for r, o, what in zip(ref, ours, ("probabilities", "logits")):
+        scale = float(np.abs(r).max())
+        np.testing.assert_allclose(o, r, rtol=1e-4, atol=1e-4 * scale * 1e-2, err_msg=f"{name}: {what}")
+    assert float(ours[0].max()) > 2.0 / ours[0].size, "random weights should not give a uniform softmax"
+    report("light models (batch 1, 224x224)",
+           f"{name:14s} import {t_import:5.2f} s  run {t_run:5.2f} s  (stored-output load {t_load:4.2f} s)  "
+           f"max |logit err| {float(np.abs(ours[1] - ref[1]).max()):.2e} of |logit| {float(np.abs(ref[1]).max()):.2e}")

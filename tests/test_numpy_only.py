@@ -1,0 +1,81 @@
+"""The device side imports and runs with numpy alone: onnx and onnxruntime are made unimportable in a fresh
+interpreter, a small CNN is built with the IR builder, run, and checked against a plain-numpy reference."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SCRIPT = textwrap.dedent("""
+    import sys
+    class Block:  # any import of onnx / onnxruntime fails, as on a phone without them
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in ("onnx", "onnxruntime", "torch"):
+                raise ImportError(f"blocked: {name}")
+    sys.meta_path.insert(0, Block())
+
+    import numpy as np
+    import edgetrain as et
+    import edgetrain.runtime
+    from edgetrain.ir import Graph, GraphBuilder, TensorInfo
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(4).astype(np.float32)
+    fc = rng.standard_normal((4 * 4 * 4, 5)).astype(np.float32)
+
+    g = Graph(nodes=[], inputs=["x"], outputs=[], initializers={}, opset=18,
+              values={"x": TensorInfo(np.dtype("float32"), (2, 3, 8, 8))})
+    gb = GraphBuilder(g)
+    wn, bn, fcn = gb.initializer("w", w), gb.initializer("b", b), gb.initializer("fc", fc)
+    h = gb.add1("Conv", "x", wn, bn, attrs={"pads": [1, 1, 1, 1]})
+    h = gb.add1("Relu", h)
+    h = gb.add1("MaxPool", h, attrs={"kernel_shape": [2, 2], "strides": [2, 2]})
+    h = gb.add1("Flatten", h)
+    h = gb.add1("MatMul", h, fcn)
+    y = gb.add1("Softmax", h, attrs={"axis": -1})
+    graph = gb.finish(outputs=[y])
+    graph.verify()
+    (got,) = et.InferenceSession(graph).run(None, {"x": x})
+
+    # plain numpy reference, float64, written out loop by loop
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    conv = np.zeros((2, 4, 8, 8))
+    for i in range(8):
+        for j in range(8):
+            conv[:, :, i, j] = np.einsum("nchw,ochw->no", xp[:, :, i:i + 3, j:j + 3], w) + b
+    r = np.maximum(conv, 0)
+    p = r.reshape(2, 4, 4, 2, 4, 2).max(axis=(3, 5)).reshape(2, -1)
+    z = p @ fc
+    ref = np.exp(z - z.max(1, keepdims=True))
+    ref /= ref.sum(1, keepdims=True)
+    assert got.dtype == np.float32 and got.shape == (2, 5), (got.dtype, got.shape)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-6)
+    leaked = sorted(m for m in sys.modules if m.split(".")[0] in ("onnx", "onnxruntime", "torch"))
+    assert not leaked, leaked
+    print("numpy-only OK", np.__version__)
+""")
+
+
+# tools/test.sh makes a venv holding numpy 1.24 (Debian 12's version) and nothing else, and names it here.
+NUMPY124 = os.environ.get("EDGETRAIN_NUMPY124_PYTHON")
+PYTHONS = [pytest.param(sys.executable, id="this-numpy"),
+           pytest.param(NUMPY124, id="numpy-1.24", marks=pytest.mark.skipif(
+               not NUMPY124, reason="set EDGETRAIN_NUMPY124_PYTHON (tools/test.sh does) to a python with numpy 1.24"))]
+
+
+@pytest.mark.parametrize("python", PYTHONS)
+def test_runtime_runs_with_numpy_alone(python, report):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run([python, "-c", SCRIPT], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "numpy-only OK" in proc.stdout
+    report("numpy-only runtime", proc.stdout.strip().splitlines()[-1] + f"  ({python})")
