@@ -19,8 +19,20 @@ from .runtime import InferenceSession
 __version__ = "0.1.0"
 
 __all__ = [
-    "ArtifactError", "EdgeTrainError", "ExecutionError", "FeedError", "Graph", "GraphBuilder", "InferenceSession",
-    "ModelError", "Node", "ShapeError", "TensorInfo", "UnsupportedError", "__version__", "import_model",
+    "ArtifactError",
+    "EdgeTrainError",
+    "ExecutionError",
+    "FeedError",
+    "Graph",
+    "GraphBuilder",
+    "InferenceSession",
+    "ModelError",
+    "Node",
+    "ShapeError",
+    "TensorInfo",
+    "UnsupportedError",
+    "__version__",
+    "import_model",
 ]
 
 

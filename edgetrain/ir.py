@@ -59,8 +59,14 @@ class Node:
         return f"node '{self.name or self.outputs[0]}' ({self.op_type})"
 
     def replace(self, **changes: Any) -> Node:
-        fields = dict(op_type=self.op_type, inputs=self.inputs, outputs=self.outputs, attrs=self.attrs,
-                      name=self.name, domain=self.domain)
+        fields = dict(
+            op_type=self.op_type,
+            inputs=self.inputs,
+            outputs=self.outputs,
+            attrs=self.attrs,
+            name=self.name,
+            domain=self.domain,
+        )
         fields.update(changes)
         return Node(**fields)
 
@@ -97,9 +103,16 @@ class Graph:
             raise ShapeError(f"value '{name}' has no known dtype or shape") from None
 
     def copy(self, **changes: Any) -> Graph:
-        fields = dict(nodes=list(self.nodes), inputs=list(self.inputs), outputs=list(self.outputs),
-                      initializers=dict(self.initializers), values=dict(self.values), opset=self.opset,
-                      name=self.name, opsets=dict(self.opsets))
+        fields = dict(
+            nodes=list(self.nodes),
+            inputs=list(self.inputs),
+            outputs=list(self.outputs),
+            initializers=dict(self.initializers),
+            values=dict(self.values),
+            opset=self.opset,
+            name=self.name,
+            opsets=dict(self.opsets),
+        )
         fields.update(changes)
         return Graph(**fields)
 
@@ -118,8 +131,10 @@ class Graph:
         for node in self.nodes:
             for i in node.inputs:
                 if i and i not in defined:
-                    raise ModelError(f"{node.label} reads '{i}', which is not defined before it "
-                                     "(graph not in topological order, or a dangling name)")
+                    raise ModelError(
+                        f"{node.label} reads '{i}', which is not defined before it "
+                        "(graph not in topological order, or a dangling name)"
+                    )
             for o in node.outputs:
                 if o and o in defined:
                     raise ModelError(f"{node.label} writes '{o}', which is already defined")
@@ -202,20 +217,31 @@ class GraphBuilder:
                 self._used.add(cand)
                 return cand
 
-    def add(self, op_type: str, inputs: Sequence[str], *, attrs: Mapping[str, Any] | None = None,
-            outputs: int | Sequence[str] = 1, name: str | None = None, domain: str = DEFAULT_DOMAIN,
-            infos: Sequence[TensorInfo] | None = None) -> list[str]:
+    def add(
+        self,
+        op_type: str,
+        inputs: Sequence[str],
+        *,
+        attrs: Mapping[str, Any] | None = None,
+        outputs: int | Sequence[str] = 1,
+        name: str | None = None,
+        domain: str = DEFAULT_DOMAIN,
+        infos: Sequence[TensorInfo] | None = None,
+    ) -> list[str]:
         """Appends one node and returns its output names (fresh ones when outputs is a count)."""
         base = name or op_type
         if isinstance(outputs, int):
-            out_names = [self.fresh(f"{base}_out" if outputs == 1 else f"{base}_out{k}") for k in range(outputs)]
+            out_names = [
+                self.fresh(f"{base}_out" if outputs == 1 else f"{base}_out{k}") for k in range(outputs)
+            ]
         else:
             out_names = list(outputs)
             self._used.update(out_names)
         node_name = self.fresh(base) if name is None or name in self._used else name
         self._used.add(node_name)
-        self.graph.nodes.append(Node(op_type, tuple(inputs), tuple(out_names), dict(attrs or {}),
-                                     node_name, domain))
+        self.graph.nodes.append(
+            Node(op_type, tuple(inputs), tuple(out_names), dict(attrs or {}), node_name, domain)
+        )
         if infos is not None:
             for o, info in zip(out_names, infos):
                 self.graph.values[o] = info

@@ -17,19 +17,30 @@ import numpy as np
 
 from .errors import ModelError, UnsupportedError
 from .ir import Graph, GraphBuilder, Node, TensorInfo
-from .passes import make_static
+from .passes import contiguous, make_static
 
 try:
     import onnx
     from onnx import helper, numpy_helper
 except ImportError as _e:  # pragma: no cover - exercised by the numpy-only test
-    raise ImportError("edgetrain's ONNX import/export needs the onnx package: pip install 'edgetrain[convert]'") \
-        from _e
+    raise ImportError(
+        "edgetrain's ONNX import/export needs the onnx package: pip install 'edgetrain[convert]'"
+    ) from _e
 
 MIN_OPSET = 7
 CANONICAL_OPSET = 18  # every node is rewritten into its form at max(model opset, this)
-REDUCE_OPS = ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceSumSquare", "ReduceL1",
-              "ReduceL2", "ReduceLogSum", "ReduceLogSumExp")
+REDUCE_OPS = (
+    "ReduceSum",
+    "ReduceMean",
+    "ReduceMax",
+    "ReduceMin",
+    "ReduceProd",
+    "ReduceSumSquare",
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceLogSum",
+    "ReduceLogSumExp",
+)
 
 
 def load_model(model: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.ModelProto:
@@ -45,16 +56,23 @@ def load_model(model: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.Model
         raise ModelError(f"a model is a file path, bytes or onnx.ModelProto, not {type(model).__name__}")
     path = Path(model)
     if not path.is_file():
-        raise ModelError(f"model file '{path}' does not exist" if not path.exists()
-                         else f"'{path}' is a directory, not an ONNX model file")
+        raise ModelError(
+            f"model file '{path}' does not exist"
+            if not path.exists()
+            else f"'{path}' is a directory, not an ONNX model file"
+        )
     try:
         proto = onnx.load(str(path))
     except Exception as e:
-        raise ModelError(f"'{path}' is not an ONNX model: it does not parse as an ONNX ModelProto "
-                         f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'no detail'})") from e
+        raise ModelError(
+            f"'{path}' is not an ONNX model: it does not parse as an ONNX ModelProto "
+            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'no detail'})"
+        ) from e
     if not proto.graph.node and not proto.graph.output:
-        raise ModelError(f"'{path}' is not an ONNX model: it parses, but holds no graph "
-                         "(an empty or foreign protobuf file?)")
+        raise ModelError(
+            f"'{path}' is not an ONNX model: it parses, but holds no graph "
+            "(an empty or foreign protobuf file?)"
+        )
     return proto
 
 
@@ -62,16 +80,19 @@ def _np_dtype(elem_type: int, what: str) -> np.dtype:
     try:
         return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
     except Exception:
-        raise UnsupportedError(f"{what} has ONNX element type {elem_type} "
-                               f"({onnx.TensorProto.DataType.Name(elem_type) if elem_type else 'undefined'}), "
-                               "which numpy has no dtype for") from None
+        raise UnsupportedError(
+            f"{what} has ONNX element type {elem_type} "
+            f"({onnx.TensorProto.DataType.Name(elem_type) if elem_type else 'undefined'}), "
+            "which numpy has no dtype for"
+        ) from None
 
 
 def _value_info(vi: onnx.ValueInfoProto) -> TensorInfo:
     t = vi.type
     if t.WhichOneof("value") != "tensor_type":
-        raise UnsupportedError(f"value '{vi.name}' is a {t.WhichOneof('value')}, not a tensor; edgetrain runs "
-                               "tensor graphs only")
+        raise UnsupportedError(
+            f"value '{vi.name}' is a {t.WhichOneof('value')}, not a tensor; edgetrain runs tensor graphs only"
+        )
     tt = t.tensor_type
     dtype = _np_dtype(tt.elem_type, f"value '{vi.name}'")
     if not tt.HasField("shape"):
@@ -82,8 +103,10 @@ def _value_info(vi: onnx.ValueInfoProto) -> TensorInfo:
 
 def _attr_value(a: onnx.AttributeProto, node_label: str) -> Any:
     if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
-        raise UnsupportedError(f"{node_label}: attribute '{a.name}' is a subgraph; control flow (If, Loop, "
-                               "Scan) is not supported")
+        raise UnsupportedError(
+            f"{node_label}: attribute '{a.name}' is a subgraph; control flow (If, Loop, "
+            "Scan) is not supported"
+        )
     if a.type == onnx.AttributeProto.SPARSE_TENSOR:
         raise UnsupportedError(f"{node_label}: sparse tensor attribute '{a.name}' is not supported")
     v = helper.get_attribute_value(a)
@@ -92,8 +115,14 @@ def _attr_value(a: onnx.AttributeProto, node_label: str) -> Any:
     if isinstance(v, onnx.TensorProto):
         return numpy_helper.to_array(v)
     if isinstance(v, list):
-        return [x.decode("utf-8") if isinstance(x, bytes) else
-                numpy_helper.to_array(x) if isinstance(x, onnx.TensorProto) else x for x in v]
+        return [
+            x.decode("utf-8")
+            if isinstance(x, bytes)
+            else numpy_helper.to_array(x)
+            if isinstance(x, onnx.TensorProto)
+            else x
+            for x in v
+        ]
     return v
 
 
@@ -103,16 +132,29 @@ def _opset_of(proto: onnx.ModelProto) -> int:
     if opset is None:
         opset = 1 if not proto.opset_import else None
     if opset is None:
-        raise UnsupportedError("the model imports no version of the standard ONNX domain; edgetrain runs "
-                               "ai.onnx ops only")
+        raise UnsupportedError(
+            "the model imports no version of the standard ONNX domain; edgetrain runs ai.onnx ops only"
+        )
     newest = onnx.defs.onnx_opset_version()
-    if opset < MIN_OPSET:
-        raise UnsupportedError(f"the model uses opset {opset}; edgetrain supports opsets {MIN_OPSET} to {newest}: "
-                               f"upgrade it with onnx.version_converter.convert_version(model, {CANONICAL_OPSET})")
     if opset > newest:
-        raise UnsupportedError(f"the model uses opset {opset}, newer than the installed onnx knows ({newest}); "
-                               "upgrade the onnx package")
+        raise UnsupportedError(
+            f"the model uses opset {opset}, newer than the installed onnx knows ({newest}); "
+            "upgrade the onnx package"
+        )
     return opset
+
+
+def _lift_old_opset(g: onnx.GraphProto, opset: int) -> int:
+    """A model below opset 7 whose ops all mean the same at opset 7 (Not, Relu, ... unchanged since 1) is read
+    as opset 7; one that uses an op whose semantics changed since is refused, naming it."""
+    for n in g.node:
+        if _since(n.op_type, opset) != _since(n.op_type, MIN_OPSET):
+            raise UnsupportedError(
+                f"the model uses opset {opset}, and node '{n.name or n.output[0]}' ({n.op_type}) has changed "
+                f"since; edgetrain supports opsets {MIN_OPSET} to {onnx.defs.onnx_opset_version()}: upgrade it "
+                f"with onnx.version_converter.convert_version(model, {CANONICAL_OPSET})"
+            )
+    return MIN_OPSET
 
 
 def from_onnx(model: str | os.PathLike | bytes | onnx.ModelProto) -> Graph:
@@ -122,17 +164,21 @@ def from_onnx(model: str | os.PathLike | bytes | onnx.ModelProto) -> Graph:
         proto = onnx.inliner.inline_local_functions(proto)
     opset = _opset_of(proto)
     g = proto.graph
+    if opset < MIN_OPSET:
+        opset = _lift_old_opset(g, opset)
     initializers: dict[str, np.ndarray] = {}
     values: dict[str, TensorInfo] = {}
     for t in g.initializer:
         if t.data_location == onnx.TensorProto.EXTERNAL:
-            raise ModelError(f"initializer '{t.name}' lives in an external data file that was not loaded; "
-                             "load the model from its path, next to its data files")
+            raise ModelError(
+                f"initializer '{t.name}' lives in an external data file that was not loaded; "
+                "load the model from its path, next to its data files"
+            )
         try:
             arr = numpy_helper.to_array(t)
         except Exception as e:
             raise UnsupportedError(f"initializer '{t.name}' cannot be read as a numpy array: {e}") from e
-        initializers[t.name] = np.ascontiguousarray(arr)
+        initializers[t.name] = contiguous(arr)
         values[t.name] = TensorInfo(arr.dtype, tuple(int(d) for d in arr.shape))
     if g.sparse_initializer:
         raise UnsupportedError(f"sparse initializer '{g.sparse_initializer[0].values.name}' is not supported")
@@ -142,8 +188,15 @@ def from_onnx(model: str | os.PathLike | bytes | onnx.ModelProto) -> Graph:
             continue
         inputs.append(vi.name)
         values[vi.name] = _value_info(vi)
-    graph = Graph(nodes=[], inputs=inputs, outputs=[o.name for o in g.output], initializers=initializers,
-                  values=values, opset=max(opset, CANONICAL_OPSET), name=g.name or "graph")
+    graph = Graph(
+        nodes=[],
+        inputs=inputs,
+        outputs=[o.name for o in g.output],
+        initializers=initializers,
+        values=values,
+        opset=max(opset, CANONICAL_OPSET),
+        name=g.name or "graph",
+    )
     b = GraphBuilder(graph)
     b.reserve(name for n in g.node for name in (*n.output, n.name))
     seen_names: set[str] = set()
@@ -156,19 +209,81 @@ def from_onnx(model: str | os.PathLike | bytes | onnx.ModelProto) -> Graph:
         attrs = {a.name: _attr_value(a, label) for a in n.attribute}
         node = Node(n.op_type, tuple(n.input), tuple(n.output), attrs, name, n.domain)
         if n.domain not in ("", "ai.onnx"):
-            raise UnsupportedError(f"{label} is in domain '{n.domain}'; edgetrain runs the standard ONNX "
-                                   "domain (ai.onnx) only")
+            raise UnsupportedError(
+                f"{label} is in domain '{n.domain}'; edgetrain runs the standard ONNX domain (ai.onnx) only"
+            )
         _canonicalize(b, node, opset)
     return b.finish()
 
 
-def import_model(model: str | os.PathLike | bytes | onnx.ModelProto, *, batch_size: int | None = None,
-                 shapes: Mapping[str, Sequence[int]] | None = None) -> Graph:
+def import_model(
+    model: str | os.PathLike | bytes | onnx.ModelProto,
+    *,
+    batch_size: int | None = None,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+) -> Graph:
     """ONNX model -> static, folded Graph ready for the interpreter (every value has a static shape)."""
     return make_static(from_onnx(model), batch_size=batch_size, shapes=shapes)
 
 
+def to_onnx(
+    graph: Graph,
+    *,
+    inputs_with_defaults: Sequence[str] = (),
+    producer: str = "edgetrain",
+    functions: Sequence[onnx.FunctionProto] = (),
+) -> onnx.ModelProto:
+    """Graph -> a standard ONNX model that passes onnx.checker. inputs_with_defaults names initializers that
+    also become graph inputs (a feed overrides them; without one, the initializer is the value)."""
+
+    def vi(name: str) -> onnx.ValueInfoProto:
+        info = graph.values.get(name)
+        if info is None:
+            return helper.make_empty_tensor_value_info(name)
+        return helper.make_tensor_value_info(
+            name,
+            helper.np_dtype_to_tensor_dtype(np.dtype(info.dtype)),
+            None if info.shape is None else list(info.shape),
+        )
+
+    nodes = []
+    for n in graph.nodes:
+        attrs = {
+            k: (numpy_helper.from_array(np.asarray(v)) if isinstance(v, np.ndarray) else v)
+            for k, v in n.attrs.items()
+        }
+        nodes.append(
+            helper.make_node(
+                n.op_type, list(n.inputs), list(n.outputs), name=n.name, domain=n.domain, **attrs
+            )
+        )
+    overridable = [n for n in inputs_with_defaults if n in graph.initializers]
+    inits = [numpy_helper.from_array(np.asarray(v), k) for k, v in graph.initializers.items()]
+    internal = [vi(o) for n in graph.nodes for o in n.outputs if o and o not in graph.outputs]
+    g = helper.make_graph(
+        nodes,
+        graph.name,
+        [vi(i) for i in list(graph.inputs) + overridable],
+        [vi(o) for o in graph.outputs],
+        inits,
+        value_info=internal,
+    )
+    opsets = [helper.make_opsetid("", graph.opset)] + [
+        helper.make_opsetid(d, v) for d, v in graph.opsets.items()
+    ]
+    model = helper.make_model(g, opset_imports=opsets, producer_name=producer, functions=list(functions))
+    # The IR version the ONNX opset needs, not the newest the installed onnx writes: older runtimes load it.
+    model.ir_version = max(8, _ir_version_for(graph.opset))
+    return model
+
+
+def _ir_version_for(opset: int) -> int:
+    table = getattr(helper, "OP_SET_ID_VERSION_MAP", {})
+    return int(table.get(("ai.onnx", opset), 8))
+
+
 # ---- canonicalization: older op versions -> the newest form ------------------------------------------------
+
 
 def _since(op_type: str, opset: int) -> int:
     try:
@@ -226,15 +341,21 @@ def _constant_value(node: Node) -> np.ndarray:
     a = node.attrs
     if "value" in a:
         return np.asarray(a["value"])
-    for key, dtype in (("value_float", "float32"), ("value_floats", "float32"), ("value_int", "int64"),
-                       ("value_ints", "int64")):
+    for key, dtype in (
+        ("value_float", "float32"),
+        ("value_floats", "float32"),
+        ("value_int", "int64"),
+        ("value_ints", "int64"),
+    ):
         if key in a:
             return np.asarray(a[key], dtype=dtype)
     for key in ("value_string", "value_strings"):
         if key in a:
             return np.asarray(a[key], dtype=object)
-    raise UnsupportedError(f"{node.label} has no supported value attribute ({', '.join(a) or 'none'}); "
-                           "use 'value' or value_float(s)/value_int(s)")
+    raise UnsupportedError(
+        f"{node.label} has no supported value attribute ({', '.join(a) or 'none'}); "
+        "use 'value' or value_float(s)/value_int(s)"
+    )
 
 
 def _split_pre18(b: GraphBuilder, node: Node) -> Node:
@@ -248,8 +369,10 @@ def _split_pre18(b: GraphBuilder, node: Node) -> Node:
 def _batchnorm_pre9(b: GraphBuilder, node: Node) -> Node:
     attrs = dict(node.attrs)
     if attrs.pop("spatial", 1) != 1:
-        raise UnsupportedError(f"{node.label}: spatial=0 (per-activation statistics) is not supported; "
-                               "only the standard per-channel BatchNormalization (spatial=1)")
+        raise UnsupportedError(
+            f"{node.label}: spatial=0 (per-activation statistics) is not supported; "
+            "only the standard per-channel BatchNormalization (spatial=1)"
+        )
     attrs.pop("is_test", None)
     attrs.pop("consumed_inputs", None)
     return node.replace(attrs=attrs)
@@ -274,22 +397,35 @@ def _scatter(b: GraphBuilder, node: Node) -> Node:
 
 Rule = tuple[int, Callable[[GraphBuilder, Node], Node | None]]
 _RULES: dict[str, Rule] = {
-    "Slice": (10, lambda b, n: _attr_to_input(
-        b, n, attrs=[("starts", "int64"), ("ends", "int64"), ("axes", "int64")], n_data=1)),
+    "Slice": (
+        10,
+        lambda b, n: _attr_to_input(
+            b, n, attrs=[("starts", "int64"), ("ends", "int64"), ("axes", "int64")], n_data=1
+        ),
+    ),
     "Squeeze": (13, lambda b, n: _attr_to_input(b, n, attrs=[("axes", "int64")], n_data=1)),
     "Unsqueeze": (13, lambda b, n: _attr_to_input(b, n, attrs=[("axes", "int64")], n_data=1)),
     "Split": (18, _split_pre18),
     "Pad": (11, _pad_pre11),
     "Clip": (11, lambda b, n: _attr_to_input(b, n, attrs=[("min", "float32"), ("max", "float32")], n_data=1)),
     "Dropout": (12, _dropout_pre12),
-    "TopK": (10, lambda b, n: _attr_to_input(  # K became a 1-element 1-D input
-        b, n.replace(attrs={**n.attrs, "k": [n.attrs["k"]]}), attrs=[("k", "int64")], n_data=1)),
+    "TopK": (
+        10,
+        lambda b, n: _attr_to_input(  # K became a 1-element 1-D input
+            b, n.replace(attrs={**n.attrs, "k": [n.attrs["k"]]}), attrs=[("k", "int64")], n_data=1
+        ),
+    ),
     "BatchNormalization": (9, _batchnorm_pre9),
     "Softmax": (13, _softmax_pre13),
     "LogSoftmax": (13, _softmax_pre13),
     "Hardmax": (13, _softmax_pre13),
     "Scatter": (99, _scatter),
     # axes became an input in opset 13 for ReduceSum, in 18 for the other reductions
-    **{op: (13 if op == "ReduceSum" else 18,
-            lambda b, n: _attr_to_input(b, n, attrs=[("axes", "int64")], n_data=1)) for op in REDUCE_OPS},
+    **{
+        op: (
+            13 if op == "ReduceSum" else 18,
+            lambda b, n: _attr_to_input(b, n, attrs=[("axes", "int64")], n_data=1),
+        )
+        for op in REDUCE_OPS
+    },
 }

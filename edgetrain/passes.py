@@ -11,21 +11,56 @@ from .errors import EdgeTrainError, ShapeError
 from .ir import Graph, Node, TensorInfo
 
 # Ops whose output is random: never folded, even on constant inputs.
-NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
-                    "Bernoulli"}
+NONDETERMINISTIC = {
+    "RandomNormal",
+    "RandomUniform",
+    "RandomNormalLike",
+    "RandomUniformLike",
+    "Multinomial",
+    "Bernoulli",
+}
 # Inputs (by position) that decide an op's output shape: after folding they must be constants,
 # or the graph's shapes depend on the data and cannot be planned statically.
-SHAPE_INPUTS = {"Reshape": (1,), "Expand": (1,), "ConstantOfShape": (0,), "Tile": (1,), "Slice": (1, 2, 3, 4),
-                "Squeeze": (1,), "Unsqueeze": (1,), "Pad": (1, 3), "Split": (1,), "Range": (0, 1, 2),
-                "TopK": (1,), "OneHot": (1,), "Resize": (1, 2, 3), "Upsample": (1,), "ReduceSum": (1,),
-                "ReduceMean": (1,), "ReduceMax": (1,), "ReduceMin": (1,), "ReduceProd": (1,),
-                "ReduceSumSquare": (1,), "ReduceL1": (1,), "ReduceL2": (1,), "ReduceLogSum": (1,),
-                "ReduceLogSumExp": (1,), "EyeLike": (), "CumSum": (1,)}
+SHAPE_INPUTS = {
+    "Reshape": (1,),
+    "Expand": (1,),
+    "ConstantOfShape": (0,),
+    "Tile": (1,),
+    "Slice": (1, 2, 3, 4),
+    "Squeeze": (1,),
+    "Unsqueeze": (1,),
+    "Pad": (1, 3),
+    "Split": (1,),
+    "Range": (0, 1, 2),
+    "TopK": (1,),
+    "OneHot": (1,),
+    "Resize": (1, 2, 3),
+    "Upsample": (1,),
+    "ReduceSum": (1,),
+    "ReduceMean": (1,),
+    "ReduceMax": (1,),
+    "ReduceMin": (1,),
+    "ReduceProd": (1,),
+    "ReduceSumSquare": (1,),
+    "ReduceL1": (1,),
+    "ReduceL2": (1,),
+    "ReduceLogSum": (1,),
+    "ReduceLogSumExp": (1,),
+    "EyeLike": (),
+    "CumSum": (1,),
+}
 DATA_DEPENDENT = {"NonZero", "Unique", "Compress", "NonMaxSuppression", "StringSplit"}
 
 
-def fix_input_shapes(graph: Graph, *, batch_size: int | None = None,
-                     shapes: Mapping[str, Sequence[int]] | None = None) -> Graph:
+def contiguous(a: np.ndarray) -> np.ndarray:
+    """C-contiguous, keeping 0-d arrays 0-d (np.ascontiguousarray makes them 1-d)."""
+    a = np.asarray(a)
+    return a if a.flags.c_contiguous else a.copy(order="C")
+
+
+def fix_input_shapes(
+    graph: Graph, *, batch_size: int | None = None, shapes: Mapping[str, Sequence[int]] | None = None
+) -> Graph:
     """Makes every graph input static: shapes[name] when given, else a symbolic or unknown leading
     dimension becomes batch_size. Any dimension left unknown is a ShapeError that says what to pass."""
     shapes = dict(shapes or {})
@@ -36,13 +71,17 @@ def fix_input_shapes(graph: Graph, *, batch_size: int | None = None,
             if name in shapes:
                 values[name] = TensorInfo(info.dtype if info else np.dtype("float32"), tuple(shapes[name]))
                 continue
-            raise ShapeError(f"input '{name}' has no declared shape; re-export the model with a static input "
-                             "shape (e.g. torch.onnx.export with a fixed example input)")
+            raise ShapeError(
+                f"input '{name}' has no declared shape; re-export the model with a static input "
+                "shape (e.g. torch.onnx.export with a fixed example input)"
+            )
         dims = list(info.shape)
         if name in shapes:
             given = tuple(int(d) for d in shapes[name])
             if len(given) != len(dims) or any(isinstance(d, int) and d != g for d, g in zip(dims, given)):
-                raise ShapeError(f"input '{name}' is declared as {info}, which shape {list(given)} does not fit")
+                raise ShapeError(
+                    f"input '{name}' is declared as {info}, which shape {list(given)} does not fit"
+                )
             dims = list(given)
         for k, d in enumerate(dims):
             if isinstance(d, int) and d >= 0:
@@ -51,31 +90,40 @@ def fix_input_shapes(graph: Graph, *, batch_size: int | None = None,
                 dims[0] = int(batch_size)
                 continue
             what = f"'{d}'" if isinstance(d, str) else "unknown"
-            hint = "pass batch_size=N to fix it" if k == 0 else \
-                "edgetrain needs static shapes: re-export the model with this dimension fixed"
+            hint = (
+                "pass batch_size=N to fix it"
+                if k == 0
+                else "edgetrain needs static shapes: re-export the model with this dimension fixed"
+            )
             raise ShapeError(f"input '{name}' ({info}): dimension {k} is {what}; {hint}")
         values[name] = TensorInfo(info.dtype, tuple(dims))
     return graph.copy(values=values)
 
 
 def infer_shapes(graph: Graph) -> Graph:
-    """Static shape inference by execution: runs the graph once on zero inputs of the (static) input shapes and
-    records every value's dtype and shape. Exact for every op the interpreter runs, as long as no shape depends
-    on the data (check_static_shapes reports those)."""
+    """Static shape inference by execution: runs the graph once on zeros of the (static) input shapes and
+    records every value's dtype and shape (again on ones if zeros fail, e.g. in an integer division). Exact for
+    every op the interpreter runs, as long as no shape depends on the data (check_static_shapes reports those)."""
     from .runtime.interpreter import Interpreter
 
-    feeds = {}
     for name in graph.inputs:
-        info = graph.values[name]
-        if not info.is_static:
-            raise ShapeError(f"input '{name}' ({info}) has no static shape; fix it first (batch_size=...)")
-        feeds[name] = np.zeros(info.shape, info.dtype)
-    record: dict[str, TensorInfo] = {}
-    try:
-        with np.errstate(all="ignore"):  # zeros feed logs and divisions: harmless here
-            Interpreter(graph, preallocate=False).run(feeds, record=record)
-    except EdgeTrainError as e:
-        raise type(e)(f"while inferring static shapes: {e}") from e
+        if not graph.values[name].is_static:
+            raise ShapeError(
+                f"input '{name}' ({graph.values[name]}) has no static shape; fix it first (batch_size=...)"
+            )
+    interp = Interpreter(graph, preallocate=False)
+    first_error: EdgeTrainError | None = None
+    for fill in (np.zeros, np.ones):
+        feeds = {n: fill(graph.values[n].shape, graph.values[n].dtype) for n in graph.inputs}
+        record: dict[str, TensorInfo] = {}
+        try:
+            with np.errstate(all="ignore"):  # made-up inputs: overflow or log(0) here mean nothing
+                interp.run(feeds, record=record)
+            break
+        except EdgeTrainError as e:
+            first_error = first_error or e
+    else:
+        raise type(first_error)(f"while inferring static shapes: {first_error}") from first_error
     values = dict(graph.values)
     values.update(record)
     return graph.copy(values=values)
@@ -84,7 +132,11 @@ def infer_shapes(graph: Graph) -> Graph:
 def _is_const_producer(node: Node, consts: Mapping[str, np.ndarray], graph: Graph, fold_shapes: bool) -> bool:
     if node.op_type in NONDETERMINISTIC or node.domain not in ("", "ai.onnx"):
         return False
-    if fold_shapes and node.op_type in ("Shape", "Size") and graph.values.get(node.inputs[0], _UNKNOWN).is_static:
+    if (
+        fold_shapes
+        and node.op_type in ("Shape", "Size")
+        and graph.values.get(node.inputs[0], _UNKNOWN).is_static
+    ):
         return True
     return all(not i or i in consts for i in node.inputs)
 
@@ -105,16 +157,22 @@ def fold_constants(graph: Graph, *, fold_shapes: bool = True) -> Graph:
             kept.append(node)
             continue
         inputs = [i for i in node.inputs if i]
-        sub = Graph(nodes=[node], inputs=[], outputs=[o for o in node.outputs if o],
-                    initializers={i: consts[i] for i in inputs if i in consts}, values=values,
-                    opset=graph.opset, name=node.name)
+        sub = Graph(
+            nodes=[node],
+            inputs=[],
+            outputs=[o for o in node.outputs if o],
+            initializers={i: consts[i] for i in inputs if i in consts},
+            values=values,
+            opset=graph.opset,
+            name=node.name,
+        )
         if node.op_type in ("Shape", "Size"):  # the data itself is not constant: feed zeros of its shape
             info = graph.values[node.inputs[0]]
             sub.initializers[node.inputs[0]] = np.zeros(info.shape, info.dtype)
         with np.errstate(all="ignore"):
             results = Interpreter(sub, preallocate=False).run({})
         for o, r in zip(sub.outputs, results):
-            r = np.ascontiguousarray(r)
+            r = contiguous(r)
             consts[o] = r
             values[o] = TensorInfo(r.dtype, tuple(int(d) for d in r.shape))
     # Initializers that were graph outputs or are still read stay; folded intermediates nobody reads go.
@@ -151,7 +209,7 @@ def eliminate_noops(graph: Graph) -> Graph:
             rename[out] = src
             n_readers[src] = n_readers.get(src, 0) - 1 + n_readers.get(out, 0)
             continue
-        if noop and src and n_readers.get(src) == 1 and src not in outputs and kept_by_output.get(src):
+        if noop and src and n_readers.get(src) == 1 and src not in outputs and src in kept_by_output:
             # The no-op feeds a graph output: let its producer write the output name directly.
             idx = kept_by_output[src]
             prod = kept[idx]
@@ -185,20 +243,73 @@ def check_static_shapes(graph: Graph) -> None:
     consts = set(graph.initializers)
     for node in graph.nodes:
         if node.op_type in DATA_DEPENDENT:
-            raise ShapeError(f"{node.label}: its output shape depends on the data, and edgetrain plans memory "
-                             "with static shapes; remove the op from the model or replace it by a fixed-size op")
+            raise ShapeError(
+                f"{node.label}: its output shape depends on the data, and edgetrain plans memory "
+                "with static shapes; remove the op from the model or replace it by a fixed-size op"
+            )
         for pos in SHAPE_INPUTS.get(node.op_type, ()):
             if pos < len(node.inputs) and node.inputs[pos] and node.inputs[pos] not in consts:
-                raise ShapeError(f"{node.label}: input '{node.inputs[pos]}' decides the output shape but is "
-                                 "computed from the data at run time; edgetrain needs static shapes "
-                                 "(export the model with a constant there)")
+                raise ShapeError(
+                    f"{node.label}: input '{node.inputs[pos]}' decides the output shape but is "
+                    "computed from the data at run time; edgetrain needs static shapes "
+                    "(export the model with a constant there)"
+                )
     graph.verify(static=True)
 
 
-def make_static(graph: Graph, *, batch_size: int | None = None,
-                shapes: Mapping[str, Sequence[int]] | None = None) -> Graph:
-    """The whole static pipeline: fix inputs, infer shapes, fold constants, drop no-ops and dead code."""
-    g = fix_input_shapes(graph, batch_size=batch_size, shapes=shapes)
+def shape_deciding_inputs(graph: Graph) -> list[str]:
+    """Graph inputs whose values (not just shapes) reach an input that decides an output shape, e.g. the
+    `shape` of a Reshape fed by the caller. A session can only plan such a graph once it knows their values."""
+    producer = graph.producers()
+    found: set[str] = set()
+    seen: set[str] = set()
+    todo = [
+        n.inputs[p]
+        for n in graph.nodes
+        for p in SHAPE_INPUTS.get(n.op_type, ())
+        if p < len(n.inputs) and n.inputs[p]
+    ]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if name in graph.inputs:
+            found.add(name)
+        node = producer.get(name)
+        if node is not None and node.op_type not in ("Shape", "Size"):  # those read shapes, not values
+            todo.extend(i for i in node.inputs if i)
+    return [n for n in graph.inputs if n in found]
+
+
+def bind_inputs(graph: Graph, constants: Mapping[str, np.ndarray]) -> Graph:
+    """Turns the named graph inputs into initializers holding the given values."""
+    if not constants:
+        return graph
+    inits = dict(graph.initializers)
+    values = dict(graph.values)
+    for name, v in constants.items():
+        v = contiguous(v)
+        inits[name] = v
+        values[name] = TensorInfo(v.dtype, tuple(int(d) for d in v.shape))
+    return graph.copy(
+        inputs=[i for i in graph.inputs if i not in constants], initializers=inits, values=values
+    )
+
+
+def make_static(
+    graph: Graph,
+    *,
+    batch_size: int | None = None,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    constants: Mapping[str, np.ndarray] | None = None,
+) -> Graph:
+    """The whole static pipeline: bind constant inputs, fix input shapes, infer shapes, fold constants, drop
+    no-ops and dead code."""
+    g = bind_inputs(graph, constants or {})
+    g = fix_input_shapes(
+        g, batch_size=batch_size, shapes={k: v for k, v in (shapes or {}).items() if k in g.inputs}
+    )
     g = infer_shapes(g)
     g = fold_constants(g)
     g = eliminate_noops(g)

@@ -15,9 +15,18 @@ from onnx import helper, numpy_helper
 REF_OPSET = 21  # what the installed onnxruntime runs for every op we test
 
 
-def one_node_model(op_type: str, inputs: Sequence[np.ndarray | None], attrs: dict[str, Any] | None = None, *,
-                   n_outputs: int = 1, opset: int = REF_OPSET) -> onnx.ModelProto:
-    """A model of one node; None inputs become omitted optional inputs ("")."""
+def one_node_model(
+    op_type: str,
+    inputs: Sequence[np.ndarray | None],
+    attrs: dict[str, Any] | None = None,
+    *,
+    n_outputs: int = 1,
+    opset: int = REF_OPSET,
+) -> onnx.ModelProto:
+    """A model of one node; None inputs become omitted optional inputs ("", or dropped when trailing)."""
+    inputs = list(inputs)
+    while inputs and inputs[-1] is None:
+        inputs.pop()
     in_names, vis = [], []
     for k, x in enumerate(inputs):
         if x is None:
@@ -29,15 +38,22 @@ def one_node_model(op_type: str, inputs: Sequence[np.ndarray | None], attrs: dic
         vis.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(x.dtype), x.shape))
     out_names = [f"out{k}" for k in range(n_outputs)]
     node = helper.make_node(op_type, in_names, out_names, **(attrs or {}))
-    graph = helper.make_graph([node], "one_node", vis,
-                              [helper.make_empty_tensor_value_info(n) for n in out_names])
+    graph = helper.make_graph(
+        [node], "one_node", vis, [helper.make_empty_tensor_value_info(n) for n in out_names]
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 10
     return model
 
 
-def ort_run(op_type: str, inputs: Sequence[np.ndarray | None], attrs: dict[str, Any] | None = None, *,
-            n_outputs: int = 1, opset: int = REF_OPSET) -> list[np.ndarray]:
+def ort_run(
+    op_type: str,
+    inputs: Sequence[np.ndarray | None],
+    attrs: dict[str, Any] | None = None,
+    *,
+    n_outputs: int = 1,
+    opset: int = REF_OPSET,
+) -> list[np.ndarray]:
     """Runs the one-node model in onnxruntime (1 thread) and returns its outputs."""
     import onnxruntime as ort
 
@@ -46,13 +62,20 @@ def ort_run(op_type: str, inputs: Sequence[np.ndarray | None], attrs: dict[str, 
     so.intra_op_num_threads = 1
     so.inter_op_num_threads = 1
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.log_severity_level = 3  # one-node models declare no output shapes: ort warns on each
     sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
     feeds = {f"in{k}": np.asarray(x) for k, x in enumerate(inputs) if x is not None}
     return sess.run(None, feeds)
 
 
-def ref_run(op_type: str, inputs: Sequence[np.ndarray | None], attrs: dict[str, Any] | None = None, *,
-            n_outputs: int = 1, opset: int = REF_OPSET) -> list[np.ndarray]:
+def ref_run(
+    op_type: str,
+    inputs: Sequence[np.ndarray | None],
+    attrs: dict[str, Any] | None = None,
+    *,
+    n_outputs: int = 1,
+    opset: int = REF_OPSET,
+) -> list[np.ndarray]:
     """Runs the one-node model in onnx's ReferenceEvaluator (for what onnxruntime lacks)."""
     from onnx.reference import ReferenceEvaluator
 
@@ -61,7 +84,7 @@ def ref_run(op_type: str, inputs: Sequence[np.ndarray | None], attrs: dict[str, 
     return ReferenceEvaluator(model).run(None, feeds)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _all_cases() -> tuple:
     from onnx.backend.test.case.node import collect_testcases
 
@@ -82,15 +105,18 @@ def node_cases(op_type: str):
         opset = next(o.version for o in case.model.opset_import if o.domain in ("", "ai.onnx"))
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in attrs.items()}
-        attrs = {k: (numpy_helper.to_array(v) if isinstance(v, onnx.TensorProto) else v) for k, v in attrs.items()}
+        attrs = {
+            k: (numpy_helper.to_array(v) if isinstance(v, onnx.TensorProto) else v) for k, v in attrs.items()
+        }
         for inputs, outputs in case.data_sets:
             it = iter(inputs)
             pos = [None if name == "" else next(it) for name in node.input]
             yield case.name, opset, pos, attrs, list(outputs), case.rtol, case.atol
 
 
-def assert_close(actual: np.ndarray, expected: np.ndarray, *, rtol: float = 1e-5, atol: float = 1e-6,
-                 what: str = "") -> None:
+def assert_close(
+    actual: np.ndarray, expected: np.ndarray, *, rtol: float = 1e-5, atol: float = 1e-6, what: str = ""
+) -> None:
     """Same shape and dtype, values within tolerance (NaNs in the same places)."""
     actual, expected = np.asarray(actual), np.asarray(expected)
     assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"

@@ -18,9 +18,12 @@ def _model(nodes, inputs, outputs, inits=(), opset=18):
 
 
 def _relu_model(shape=(2, 3), opset=18):
-    return _model([helper.make_node("Relu", ["x"], ["y"])],
-                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
-                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))], opset=opset)
+    return _model(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))],
+        opset=opset,
+    )
 
 
 def test_file_that_is_not_onnx(tmp_path):
@@ -42,10 +45,14 @@ def test_empty_and_missing_files(tmp_path):
 
 
 def test_unsupported_op_names_op_node_and_lists_supported():
-    m = _model([helper.make_node("Relu", ["x"], ["h"], name="first"),
-                helper.make_node("Det", ["h"], ["y"], name="determinant")],
-               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 3])],
-               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])])
+    m = _model(
+        [
+            helper.make_node("Relu", ["x"], ["h"], name="first"),
+            helper.make_node("Det", ["h"], ["y"], name="determinant"),
+        ],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])],
+    )
     with pytest.raises(et.UnsupportedError) as e:
         et.InferenceSession(m)
     msg = str(e.value)
@@ -53,32 +60,52 @@ def test_unsupported_op_names_op_node_and_lists_supported():
 
 
 def test_foreign_domain():
-    m = _model([helper.make_node("FusedConv", ["x"], ["y"], domain="com.microsoft", name="fc")],
-               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    m = _model(
+        [helper.make_node("FusedConv", ["x"], ["y"], domain="com.microsoft", name="fc")],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
     m.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     with pytest.raises(et.UnsupportedError, match="com.microsoft"):
         et.InferenceSession(m)
 
 
 def test_opset_too_old_and_too_new():
-    with pytest.raises(et.UnsupportedError, match=r"opset 6.*supports opsets 7 to \d+.*version_converter"):
-        et.InferenceSession(_relu_model(opset=6))
+    # Relu means the same at opset 6 and 7: read as 7. Add changed at 7 (broadcasting): refused, named.
+    assert (
+        et.InferenceSession(_relu_model(opset=6)).run(None, {"x": -np.ones((2, 3), np.float32)})[0].max() == 0
+    )
+    add = _model(
+        [helper.make_node("Add", ["x", "x"], ["y"], name="plus")],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+        opset=6,
+    )
+    with pytest.raises(
+        et.UnsupportedError,
+        match=r"opset 6.*'plus' \(Add\).*supports opsets 7 to \d+.*"
+        r"version_converter",
+    ):
+        et.InferenceSession(add)
     newest = onnx.defs.onnx_opset_version()
     with pytest.raises(et.UnsupportedError, match=f"opset {newest + 1}.*upgrade the onnx package"):
         et.InferenceSession(_relu_model(opset=newest + 1))
 
 
 def test_unsupported_attribute_name_and_value():
-    m = _model([helper.make_node("Relu", ["x"], ["y"], name="r", flavour=3)],
-               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
-               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    m = _model(
+        [helper.make_node("Relu", ["x"], ["y"], name="r", flavour=3)],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
     with pytest.raises(et.UnsupportedError, match="'r'.*attribute 'flavour' is not supported by Relu"):
         et.InferenceSession(m)
-    m = _model([helper.make_node("Conv", ["x", "w"], ["y"], name="c", auto_pad="SOMETIMES")],
-               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 4, 4])],
-               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-               [helper.make_tensor("w", TensorProto.FLOAT, [1, 1, 3, 3], [0.1] * 9)])
+    m = _model(
+        [helper.make_node("Conv", ["x", "w"], ["y"], name="c", auto_pad="SOMETIMES")],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [helper.make_tensor("w", TensorProto.FLOAT, [1, 1, 3, 3], [0.1] * 9)],
+    )
     with pytest.raises(et.UnsupportedError, match=r"'c'.*auto_pad.*SOMETIMES.*SAME_UPPER"):
         et.InferenceSession(m)
 
@@ -86,7 +113,9 @@ def test_unsupported_attribute_name_and_value():
 def test_feeds_wrong_name_shape_dtype():
     sess = et.InferenceSession(_relu_model())
     x = np.ones((2, 3), np.float32)
-    with pytest.raises(et.FeedError, match=r"'input' is not an input of the model; its inputs are: 'x' float32\[2x3\]"):
+    with pytest.raises(
+        et.FeedError, match=r"'input' is not an input of the model; its inputs are: 'x' float32\[2x3\]"
+    ):
         sess.run(None, {"input": x})
     with pytest.raises(et.FeedError, match=r"input 'x' is missing"):
         sess.run(None, {})
@@ -115,29 +144,43 @@ def test_symbolic_batch_needs_batch_size_or_feeds():
 
 
 def test_data_dependent_shape_is_a_clear_error():
-    m = _model([helper.make_node("Reshape", ["x", "s"], ["y"], name="reshape_by_data")],
-               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
-                helper.make_tensor_value_info("s", TensorProto.INT64, [2])],
-               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    m = _model(
+        [helper.make_node("Reshape", ["x", "s"], ["y"], name="reshape_by_data")],
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
+            helper.make_tensor_value_info("s", TensorProto.INT64, [2]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
     with pytest.raises(et.ShapeError, match=r"'reshape_by_data'.*input 's' decides the output shape"):
         et.import_model(m)
 
 
 def test_kernel_failure_names_node_and_shapes():
-    m = _model([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
-               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
-               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-               [helper.make_tensor("w", TensorProto.FLOAT, [4, 2], [0.0] * 8)])
-    with pytest.raises(et.EdgeTrainError, match=r"'mm' \(MatMul\).*float32\[2, 3\].*float32\[4, 2\]"):
+    m = _model(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [helper.make_tensor("w", TensorProto.FLOAT, [4, 2], [0.0] * 8)],
+    )
+    with pytest.raises(et.EdgeTrainError, match=r"'mm' \(MatMul\).*2, 3.*4, 2"):
         et.InferenceSession(m)
 
 
 def test_control_flow_is_unsupported_clearly():
-    then = helper.make_graph([helper.make_node("Identity", ["x"], ["t"])], "then", [],
-                             [helper.make_tensor_value_info("t", TensorProto.FLOAT, [1])])
-    m = _model([helper.make_node("If", ["c"], ["y"], name="branch", then_branch=then, else_branch=then)],
-               [helper.make_tensor_value_info("c", TensorProto.BOOL, []),
-                helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    then = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["t"])],
+        "then",
+        [],
+        [helper.make_tensor_value_info("t", TensorProto.FLOAT, [1])],
+    )
+    m = _model(
+        [helper.make_node("If", ["c"], ["y"], name="branch", then_branch=then, else_branch=then)],
+        [
+            helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [1]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
     with pytest.raises(et.UnsupportedError, match=r"'branch'.*subgraph.*If, Loop"):
         et.InferenceSession(m)

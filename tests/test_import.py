@@ -17,8 +17,9 @@ F = TensorProto.FLOAT
 def _model(node, in_shapes, opset, n_out=1, inits=()):
     ins = [helper.make_tensor_value_info(f"x{k}", F, s) for k, s in enumerate(in_shapes)]
     outs = [helper.make_empty_tensor_value_info(o) for o in node.output[:n_out]]
-    m = helper.make_model(helper.make_graph([node], "m", ins, outs, list(inits)),
-                          opset_imports=[helper.make_opsetid("", opset)])
+    m = helper.make_model(
+        helper.make_graph([node], "m", ins, outs, list(inits)), opset_imports=[helper.make_opsetid("", opset)]
+    )
     m.ir_version = 7
     return m
 
@@ -35,7 +36,12 @@ def _compare(model, shapes, seed=0):
 
 
 OLD_FORMS = [
-    ("Slice-1", 9, helper.make_node("Slice", ["x0"], ["y"], starts=[1, 0], ends=[3, -1], axes=[0, 2]), [(4, 3, 5)]),
+    (
+        "Slice-1",
+        9,
+        helper.make_node("Slice", ["x0"], ["y"], starts=[1, 0], ends=[3, -1], axes=[0, 2]),
+        [(4, 3, 5)],
+    ),
     ("Slice-1 no axes", 9, helper.make_node("Slice", ["x0"], ["y"], starts=[1], ends=[1000]), [(4, 3)]),
     ("Squeeze-1", 11, helper.make_node("Squeeze", ["x0"], ["y"], axes=[1, -1]), [(2, 1, 3, 1)]),
     ("Squeeze-1 all", 9, helper.make_node("Squeeze", ["x0"], ["y"]), [(1, 3, 1)]),
@@ -45,16 +51,24 @@ OLD_FORMS = [
     ("Softmax-11 2-D", 11, helper.make_node("Softmax", ["x0"], ["y"]), [(4, 10)]),
     ("Hardmax-11", 11, helper.make_node("Hardmax", ["x0"], ["y"], axis=1), [(2, 3, 4)]),
     ("Pad-2", 9, helper.make_node("Pad", ["x0"], ["y"], pads=[0, 1, 2, 0, 2, 1], value=1.5), [(2, 3, 4)]),
-    ("Pad-2 reflect", 9, helper.make_node("Pad", ["x0"], ["y"], mode="reflect", pads=[0, 0, 1, 2, 0, 0, 2, 1]),
-     [(1, 2, 4, 5)]),
+    (
+        "Pad-2 reflect",
+        9,
+        helper.make_node("Pad", ["x0"], ["y"], mode="reflect", pads=[0, 0, 1, 2, 0, 0, 2, 1]),
+        [(1, 2, 4, 5)],
+    ),
     ("Clip-6", 9, helper.make_node("Clip", ["x0"], ["y"], min=-0.5, max=0.3), [(3, 4)]),
     ("Clip-6 max only", 9, helper.make_node("Clip", ["x0"], ["y"], max=0.1), [(3, 4)]),
     ("ReduceMean-1", 11, helper.make_node("ReduceMean", ["x0"], ["y"], axes=[1, 2], keepdims=0), [(2, 3, 4)]),
     ("ReduceSum-11", 11, helper.make_node("ReduceSum", ["x0"], ["y"], axes=[-1]), [(2, 3, 4)]),
     ("ReduceMax-13 all", 13, helper.make_node("ReduceMax", ["x0"], ["y"], keepdims=1), [(2, 3)]),
     ("Dropout-7", 9, helper.make_node("Dropout", ["x0"], ["y"], ratio=0.3), [(2, 3)]),
-    ("BatchNormalization-7", 7, helper.make_node("BatchNormalization", ["x0", "s", "b", "m", "v"], ["y"],
-                                                 epsilon=1e-3), [(2, 3, 4, 4)]),
+    (
+        "BatchNormalization-7",
+        7,
+        helper.make_node("BatchNormalization", ["x0", "s", "b", "m", "v"], ["y"], epsilon=1e-3),
+        [(2, 3, 4, 4)],
+    ),
 ]
 
 
@@ -69,24 +83,31 @@ def test_old_op_forms_match_onnxruntime(name, opset, node, shapes):
 
 
 def test_split_and_topk_old_forms():
-    _compare(_model(helper.make_node("Split", ["x0"], ["a", "b"], axis=1, split=[1, 3]), [(2, 4)], 11, 2),
-             [(2, 4)])
+    _compare(
+        _model(helper.make_node("Split", ["x0"], ["a", "b"], axis=1, split=[1, 3]), [(2, 4)], 11, 2), [(2, 4)]
+    )
     _compare(_model(helper.make_node("Split", ["x0"], ["a", "b", "c"], axis=0), [(6, 2)], 13, 3), [(6, 2)])
     _compare(_model(helper.make_node("TopK", ["x0"], ["v", "i"], k=2, axis=1), [(3, 5)], 9, 2), [(3, 5)])
 
 
 def test_constant_subgraphs_fold_into_initializers():
     # weight = ConstantOfShape(shape) * 2, reshape target computed from Shape(x): all of it folds away
-    nodes = [helper.make_node("ConstantOfShape", ["wshape"], ["w0"],
-                              value=helper.make_tensor("v", F, [1], [0.5])),
-             helper.make_node("Constant", [], ["two"], value_float=2.0),
-             helper.make_node("Mul", ["w0", "two"], ["w"]),
-             helper.make_node("MatMul", ["x0", "w"], ["h"]),
-             helper.make_node("Shape", ["x0"], ["s"]),
-             helper.make_node("Reshape", ["h", "s"], ["y"])]
+    nodes = [
+        helper.make_node("ConstantOfShape", ["wshape"], ["w0"], value=helper.make_tensor("v", F, [1], [0.5])),
+        helper.make_node("Constant", [], ["two"], value_float=2.0),
+        helper.make_node("Mul", ["w0", "two"], ["w"]),
+        helper.make_node("MatMul", ["x0", "w"], ["h"]),
+        helper.make_node("Shape", ["x0"], ["s"]),
+        helper.make_node("Reshape", ["h", "s"], ["y"]),
+    ]
     inits = [helper.make_tensor("wshape", TensorProto.INT64, [2], [4, 4])]
-    g = helper.make_graph(nodes, "m", [helper.make_tensor_value_info("x0", F, ["N", 4])],
-                          [helper.make_empty_tensor_value_info("y")], inits)
+    g = helper.make_graph(
+        nodes,
+        "m",
+        [helper.make_tensor_value_info("x0", F, ["N", 4])],
+        [helper.make_empty_tensor_value_info("y")],
+        inits,
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     graph = et.import_model(m, batch_size=3)
     assert [n.op_type for n in graph.nodes] == ["MatMul"]  # the Reshape to its own shape is gone too
@@ -107,8 +128,14 @@ def test_every_value_gets_a_static_shape():
 
 def test_builder_names_are_fresh_and_deterministic():
     def build():
-        g = Graph(nodes=[], inputs=["x"], outputs=[], initializers={}, opset=18,
-                  values={"x": TensorInfo(np.dtype("float32"), (2,))})
+        g = Graph(
+            nodes=[],
+            inputs=["x"],
+            outputs=[],
+            initializers={},
+            opset=18,
+            values={"x": TensorInfo(np.dtype("float32"), (2,))},
+        )
         b = GraphBuilder(g)
         b.reserve(["Relu_out"])
         a = b.add1("Relu", "x")
@@ -125,11 +152,40 @@ def test_builder_names_are_fresh_and_deterministic():
 def test_toposort_and_verify():
     n1 = Node("Relu", ("a",), ("b",), name="n1")
     n2 = Node("Neg", ("b",), ("c",), name="n2")
-    g = Graph(nodes=[n2, n1], inputs=["a"], outputs=["c"], initializers={}, opset=18,
-              values={"a": TensorInfo(np.dtype("float32"), (1,))})
+    g = Graph(
+        nodes=[n2, n1],
+        inputs=["a"],
+        outputs=["c"],
+        initializers={},
+        opset=18,
+        values={"a": TensorInfo(np.dtype("float32"), (1,))},
+    )
     with pytest.raises(et.ModelError, match="'n2'.*reads 'b'.*not defined before"):
         g.verify()
     assert [n.name for n in g.toposorted().nodes] == ["n1", "n2"]
     cyc = g.copy(nodes=[Node("Relu", ("c",), ("b",), name="x1"), Node("Neg", ("b",), ("c",), name="x2")])
     with pytest.raises(et.ModelError, match="cycle"):
         cyc.toposorted()
+
+
+def test_round_trip_to_onnx_keeps_results_and_shapes():
+    """import -> static Graph -> to_onnx passes onnx.checker (full check, with our value shapes declared) and
+    onnxruntime, which validates every declared shape against its own inference, gives the original results."""
+    import os
+
+    import onnx
+
+    path = os.path.join(
+        os.path.dirname(onnx.__file__), "backend", "test", "data", "light", "light_squeezenet.onnx"
+    )
+    graph = et.import_model(path)
+    from edgetrain.onnx_io import to_onnx
+
+    model = to_onnx(graph)
+    onnx.checker.check_model(model, full_check=True)
+    x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    ref = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"data_0": x})
+    got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"data_0": x}
+    )
+    np.testing.assert_allclose(got[0], ref[0], rtol=1e-5, atol=1e-8)

@@ -67,15 +67,25 @@ SCRIPT = textwrap.dedent("""
 
 # tools/test.sh makes a venv holding numpy 1.24 (Debian 12's version) and nothing else, and names it here.
 NUMPY124 = os.environ.get("EDGETRAIN_NUMPY124_PYTHON")
-PYTHONS = [pytest.param(sys.executable, id="this-numpy"),
-           pytest.param(NUMPY124, id="numpy-1.24", marks=pytest.mark.skipif(
-               not NUMPY124, reason="set EDGETRAIN_NUMPY124_PYTHON (tools/test.sh does) to a python with numpy 1.24"))]
+PYTHONS = [
+    pytest.param(sys.executable, id="this-numpy"),
+    pytest.param(
+        NUMPY124,
+        id="numpy-1.24",
+        marks=pytest.mark.skipif(
+            not NUMPY124,
+            reason="set EDGETRAIN_NUMPY124_PYTHON (tools/test.sh does) to a python with numpy 1.24",
+        ),
+    ),
+]
 
 
 @pytest.mark.parametrize("python", PYTHONS)
 def test_runtime_runs_with_numpy_alone(python, report):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run([python, "-c", SCRIPT], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    proc = subprocess.run(
+        [python, "-c", SCRIPT], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "numpy-only OK" in proc.stdout
     report("numpy-only runtime", proc.stdout.strip().splitlines()[-1] + f"  ({python})")

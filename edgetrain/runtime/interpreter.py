@@ -37,16 +37,22 @@ def supported_ops() -> list[str]:
 def _compile_step(node: Node) -> tuple[Callable[..., Any], dict[str, Any]]:
     """Resolves the kernel of one node and its keyword arguments; user errors name the node."""
     if node.domain not in ("", "ai.onnx"):
-        raise UnsupportedError(f"{node.label} is in domain '{node.domain}', which edgetrain does not run; "
-                               "only the standard ONNX domain (ai.onnx) is supported")
+        raise UnsupportedError(
+            f"{node.label} is in domain '{node.domain}', which edgetrain does not run; "
+            "only the standard ONNX domain (ai.onnx) is supported"
+        )
     kern = KERNELS.get(node.op_type)
     if kern is None:
-        raise UnsupportedError(f"{node.label}: op '{node.op_type}' has no kernel in edgetrain. "
-                               f"Supported ops: {', '.join(supported_ops())}")
+        raise UnsupportedError(
+            f"{node.label}: op '{node.op_type}' has no kernel in edgetrain. "
+            f"Supported ops: {', '.join(supported_ops())}"
+        )
     unknown = sorted(set(node.attrs) - set(kern.attrs))
     if unknown:
-        raise UnsupportedError(f"{node.label}: attribute '{unknown[0]}' is not supported by {node.op_type}; "
-                               f"supported attributes: {', '.join(sorted(kern.attrs)) or 'none'}")
+        raise UnsupportedError(
+            f"{node.label}: attribute '{unknown[0]}' is not supported by {node.op_type}; "
+            f"supported attributes: {', '.join(sorted(kern.attrs)) or 'none'}"
+        )
     missing = [a for a, d in kern.attrs.items() if d is inspect.Parameter.empty and a not in node.attrs]
     if missing:
         raise UnsupportedError(f"{node.label}: required attribute '{missing[0]}' is missing")
@@ -89,14 +95,22 @@ class Interpreter:
             free |= {s for s in outs if s >= 0 and s not in last_use}
             free = tuple(sorted(s for s in free if self._name(s) not in keep))
             buf = -1
-            if preallocate and outs and outs[0] >= 0 and n.outputs[0] not in keep \
-                    and KERNELS[n.op_type].writes_out and graph.values.get(n.outputs[0], _NO).is_static:
+            if (
+                preallocate
+                and outs
+                and outs[0] >= 0
+                and n.outputs[0] not in keep
+                and KERNELS[n.op_type].writes_out
+                and graph.values.get(n.outputs[0], _NO).is_static
+            ):
                 buf = outs[0]
             steps.append(Step(fn, ins, outs, kwargs, buf, free, n))
         self.steps = steps
         self._buffers: dict[int, np.ndarray] = {}
         self._consts = [(self.slot[k], v) for k, v in graph.initializers.items()]
         self._in_slots = [(name, self.slot[name]) for name in graph.inputs]
+        # ids of the arrays a caller must never receive uncopied: constants, and the buffers below
+        self._protected: set[int] = {id(_root(v)) for v in graph.initializers.values()}
 
     def _name(self, s: int) -> str:
         return self._names[s]
@@ -106,10 +120,15 @@ class Interpreter:
         if b is None:
             info = self.graph.values[self._name(s)]
             b = self._buffers[s] = np.empty(info.shape, info.dtype)
+            self._protected.add(id(b))
         return b
 
-    def run(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None,
-            record: dict[str, TensorInfo] | None = None) -> list[np.ndarray]:
+    def run(
+        self,
+        feeds: Mapping[str, np.ndarray],
+        outputs: Sequence[str] | None = None,
+        record: dict[str, TensorInfo] | None = None,
+    ) -> list[np.ndarray]:
         """Runs the graph on feeds (already checked) and returns the requested outputs (all by default).
         record, when given, receives the dtype and shape of every value computed (used by shape inference)."""
         env: list[Any] = [None] * self.n_slots
@@ -128,8 +147,9 @@ class Interpreter:
                 raise type(e)(f"{st.node.label}: {e}") from e
             except Exception as e:  # a kernel failure on inputs it cannot handle: say where, with the shapes
                 shapes = ", ".join("None" if a is None else f"{a.dtype}{list(a.shape)}" for a in args)
-                raise ExecutionError(f"{st.node.label} failed on inputs ({shapes}): "
-                                     f"{type(e).__name__}: {e}") from e
+                raise ExecutionError(
+                    f"{st.node.label} failed on inputs ({shapes}): {type(e).__name__}: {e}"
+                ) from e
             if len(st.outs) == 1:
                 env[st.outs[0]] = res
             else:
@@ -145,7 +165,18 @@ class Interpreter:
             for s in st.free:
                 env[s] = None
         wanted = self.graph.outputs if outputs is None else outputs
-        return [env[self.slot[name]] for name in wanted]
+        return [self._detached(env[self.slot[name]]) for name in wanted]
+
+    def _detached(self, r: np.ndarray) -> np.ndarray:
+        """A result that is (a view of) a reused buffer or a constant (a Reshape of a Conv output, say) is
+        copied, so that the caller's arrays never change under it, nor ours under the caller."""
+        return r.copy() if id(_root(r)) in self._protected else r
+
+
+def _root(a: np.ndarray) -> np.ndarray:
+    while a.base is not None and isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
 
 
 _NO = TensorInfo(np.dtype("float32"), None)
@@ -154,27 +185,38 @@ _NO = TensorInfo(np.dtype("float32"), None)
 def check_feeds(graph: Graph, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """Validates feeds against the graph's inputs (names, dtypes, static shapes) and returns them as arrays."""
     if not isinstance(feeds, Mapping):
-        raise FeedError(f"feeds must be a dict of input name -> array, not {type(feeds).__name__}; "
-                        f"inputs: {_describe_inputs(graph)}")
+        raise FeedError(
+            f"feeds must be a dict of input name -> array, not {type(feeds).__name__}; "
+            f"inputs: {_describe_inputs(graph)}"
+        )
     unknown = [k for k in feeds if k not in graph.inputs]
     if unknown:
-        raise FeedError(f"'{unknown[0]}' is not an input of the model; its inputs are: {_describe_inputs(graph)}")
+        raise FeedError(
+            f"'{unknown[0]}' is not an input of the model; its inputs are: {_describe_inputs(graph)}"
+        )
     missing = [k for k in graph.inputs if k not in feeds]
     if missing:
-        raise FeedError(f"input '{missing[0]}' is missing from the feeds; the model's inputs are: "
-                        f"{_describe_inputs(graph)}")
+        raise FeedError(
+            f"input '{missing[0]}' is missing from the feeds; the model's inputs are: "
+            f"{_describe_inputs(graph)}"
+        )
     out = {}
     for name in graph.inputs:
         x = np.asarray(feeds[name])
         info = graph.values[name]
         if x.dtype != info.dtype:
-            raise FeedError(f"input '{name}' must be {np.dtype(info.dtype).name}, got {x.dtype.name}; "
-                            f"convert it with .astype(np.{np.dtype(info.dtype).name})")
+            raise FeedError(
+                f"input '{name}' must be {np.dtype(info.dtype).name}, got {x.dtype.name}; "
+                f"convert it with .astype(np.{np.dtype(info.dtype).name})"
+            )
         if info.shape is not None:
             ok = len(x.shape) == len(info.shape) and all(
-                not isinstance(d, int) or d == s for d, s in zip(info.shape, x.shape))
+                not isinstance(d, int) or d == s for d, s in zip(info.shape, x.shape)
+            )
             if not ok:
-                raise FeedError(f"input '{name}' must have shape {_fmt_shape(info.shape)}, got {list(x.shape)}")
+                raise FeedError(
+                    f"input '{name}' must have shape {_fmt_shape(info.shape)}, got {list(x.shape)}"
+                )
         out[name] = x
     return out
 
@@ -184,5 +226,7 @@ def _fmt_shape(shape: Sequence[Any]) -> str:
 
 
 def _describe_inputs(graph: Graph) -> str:
-    return ", ".join(f"'{n}' {graph.values[n]}" if n in graph.values else f"'{n}'" for n in graph.inputs) \
+    return (
+        ", ".join(f"'{n}' {graph.values[n]}" if n in graph.values else f"'{n}'" for n in graph.inputs)
         or "(none)"
+    )

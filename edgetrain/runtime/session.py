@@ -11,11 +11,21 @@ import numpy as np
 
 from ..errors import FeedError
 from ..ir import Graph
-from ..passes import fold_constants, make_static
+from ..passes import fold_constants, make_static, shape_deciding_inputs
 from .interpreter import Interpreter, check_feeds
 
-_ONNX_TYPE = {"float32": "float", "float64": "double", "float16": "float16", "int64": "int64", "int32": "int32",
-              "int8": "int8", "uint8": "uint8", "bool": "bool", "int16": "int16", "uint16": "uint16"}
+_ONNX_TYPE = {
+    "float32": "float",
+    "float64": "double",
+    "float16": "float16",
+    "int64": "int64",
+    "int32": "int32",
+    "int8": "int8",
+    "uint8": "uint8",
+    "bool": "bool",
+    "int16": "int16",
+    "uint16": "uint16",
+}
 
 
 @dataclass(frozen=True)
@@ -33,11 +43,17 @@ class InferenceSession:
 
     A symbolic batch dimension is fixed by batch_size=; without it, the session specialises itself to the
     shapes of each new feed (and caches the result), so a model exported with a dynamic batch just works.
+    Likewise, inputs whose values decide shapes (a `shape` input of a Reshape, say) are bound to the values fed.
     Paths, bytes and ModelProtos need the onnx package; a Graph needs numpy alone.
     """
 
-    def __init__(self, model: str | os.PathLike | bytes | Any, batch_size: int | None = None, *,
-                 shapes: Mapping[str, Sequence[int]] | None = None):
+    def __init__(
+        self,
+        model: str | os.PathLike | bytes | Any,
+        batch_size: int | None = None,
+        *,
+        shapes: Mapping[str, Sequence[int]] | None = None,
+    ):
         if isinstance(model, Graph):
             graph = model
         else:
@@ -47,7 +63,9 @@ class InferenceSession:
         self._base = fold_constants(graph, fold_shapes=False)
         self._batch_size = batch_size
         self._programs: dict[tuple, Interpreter] = {}
-        if batch_size is not None or shapes or all(self._base.values[n].is_static for n in self._base.inputs):
+        self._shape_inputs = shape_deciding_inputs(self._base)
+        static = all(self._base.values[n].is_static for n in self._base.inputs)
+        if not self._shape_inputs and (batch_size is not None or shapes or static):
             g = make_static(self._base, batch_size=batch_size, shapes=shapes)
             self._fixed: Interpreter | None = Interpreter(g)
         else:
@@ -71,32 +89,37 @@ class InferenceSession:
         if info is None:
             return NodeArg(name, [], "tensor(unknown)")
         shape = [] if info.shape is None else list(info.shape)
-        return NodeArg(name, shape, f"tensor({_ONNX_TYPE.get(np.dtype(info.dtype).name, np.dtype(info.dtype).name)})")
+        return NodeArg(
+            name, shape, f"tensor({_ONNX_TYPE.get(np.dtype(info.dtype).name, np.dtype(info.dtype).name)})"
+        )
 
     def _program(self, feeds: Mapping[str, Any]) -> Interpreter:
         if self._fixed is not None:
             return self._fixed
-        check_feeds(self._base, feeds)  # names, dtypes, ranks and the static dims
-        key = tuple(np.shape(feeds[n]) for n in self._base.inputs)
+        feeds = check_feeds(self._base, feeds)  # names, dtypes, ranks and the static dims
+        bound = {n: feeds[n] for n in self._shape_inputs}
+        key = tuple(np.shape(feeds[n]) for n in self._base.inputs) + tuple(
+            v.tobytes() for v in bound.values()
+        )
         prog = self._programs.get(key)
         if prog is None:
             shapes = {n: np.shape(feeds[n]) for n in self._base.inputs}
-            prog = self._programs[key] = Interpreter(make_static(self._base, shapes=shapes))
+            g = make_static(self._base, batch_size=self._batch_size, shapes=shapes, constants=bound)
+            prog = self._programs[key] = Interpreter(g)
         return prog
 
-    def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any],
-            run_options: Any = None) -> list[np.ndarray]:
+    def run(
+        self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any], run_options: Any = None
+    ) -> list[np.ndarray]:
         prog = self._program(input_feed)
-        feeds = check_feeds(prog.graph, input_feed)
+        feeds = check_feeds(prog.graph, {k: v for k, v in input_feed.items() if k not in self._shape_inputs})
         if output_names is not None:
             if isinstance(output_names, str):
                 raise FeedError(f"output_names must be a list of names, e.g. ['{output_names}'], or None")
             bad = [n for n in output_names if n not in prog.graph.outputs]
             if bad:
-                raise FeedError(f"'{bad[0]}' is not an output of the model; its outputs are: "
-                                f"{', '.join(repr(o) for o in prog.graph.outputs)}")
-        results = prog.run(feeds, output_names)
-        consts = prog.graph.initializers
-        names = prog.graph.outputs if output_names is None else output_names
-        # Never hand out the session's own constants: the caller may write into what it gets.
-        return [r.copy() if n in consts else r for n, r in zip(names, results)]
+                raise FeedError(
+                    f"'{bad[0]}' is not an output of the model; its outputs are: "
+                    f"{', '.join(repr(o) for o in prog.graph.outputs)}"
+                )
+        return prog.run(feeds, output_names)

@@ -54,8 +54,9 @@ def kernel(*op_types: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]
                 n_max = None
         for op in op_types:
             assert op not in KERNELS, f"two kernels registered for {op}"
-            KERNELS[op] = Kernel(op, fn, attrs, "out" in sig.parameters, "noutputs" in sig.parameters,
-                                 (n_req, n_max))
+            KERNELS[op] = Kernel(
+                op, fn, attrs, "out" in sig.parameters, "noutputs" in sig.parameters, (n_req, n_max)
+            )
         return fn
 
     return register
