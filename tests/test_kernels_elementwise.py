@@ -16,8 +16,7 @@ from onnxruntime.capi.onnxruntime_pybind11_state import InvalidGraph as OrtInval
 from onnxruntime.capi.onnxruntime_pybind11_state import NotImplemented as OrtNotImplemented
 
 from edgetrain.errors import ExecutionError, ShapeError, UnsupportedError
-from edgetrain.runtime.kernels import KERNELS
-from edgetrain.runtime.kernels import elementwise as ew
+from edgetrain.runtime.kernels import KERNELS, activations
 from edgetrain.runtime.kernels.elementwise import NUMPY_TO_ONNX, ONNX_TO_NUMPY
 
 F16, F32, F64 = np.float16, np.float32, np.float64
@@ -366,7 +365,7 @@ def test_activation_attrs(op, attrs, r, dtype):
 @pytest.mark.parametrize("op", ["Sigmoid", "Softplus", "Erf", "Gelu", "Elu", "Mish", "HardSwish"])
 def test_chunked_path_large_and_strided(op):
     """Inputs beyond one chunk, non-contiguous inputs and outputs, float16."""
-    x = rnd((ew._CHUNK + 1000, 3), F32, 13, -8, 8)
+    x = rnd((activations._CHUNK + 1000, 3), F32, 13, -8, 8)
     expected = reference(op, [x])
     assert_close(run(op, x), expected, **tol(F32))
     xt = x.T  # non-contiguous view

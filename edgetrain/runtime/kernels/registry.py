@@ -33,13 +33,20 @@ class Kernel:
     writes_out: bool
     wants_noutputs: bool
     n_inputs: tuple[int, int | None]  # (required positional inputs, max or None when variadic)
+    domain: str = ""  # "" for ai.onnx; PRIVATE_DOMAIN for edgetrain's fused backward ops
+
+
+# edgetrain's own ops (fused gradient kernels); each has an ONNX function body in standard ops, so a graph that
+# uses them still runs in any ONNX runtime.
+PRIVATE_DOMAIN = "com.edgetrain"
 
 
 KERNELS: dict[str, Kernel] = {}
 
 
-def kernel(*op_types: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Registers fn as the kernel of each op type given (domain ai.onnx)."""
+def kernel(*op_types: str, domain: str = "") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Registers fn as the kernel of each op type given (in domain ai.onnx unless told otherwise); op type
+    names are unique across domains."""
 
     def register(fn: Callable[..., Any]) -> Callable[..., Any]:
         sig = inspect.signature(fn)
@@ -55,7 +62,7 @@ def kernel(*op_types: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]
         for op in op_types:
             assert op not in KERNELS, f"two kernels registered for {op}"
             KERNELS[op] = Kernel(
-                op, fn, attrs, "out" in sig.parameters, "noutputs" in sig.parameters, (n_req, n_max)
+                op, fn, attrs, "out" in sig.parameters, "noutputs" in sig.parameters, (n_req, n_max), domain
             )
         return fn
 

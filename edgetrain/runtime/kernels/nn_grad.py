@@ -1,0 +1,1 @@
+"""edgetrain's fused backward kernels for convolution and pooling (domain com.edgetrain; placeholder)."""
