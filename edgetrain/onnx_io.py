@@ -18,6 +18,7 @@ import numpy as np
 from .errors import ModelError, UnsupportedError
 from .ir import Graph, GraphBuilder, Node, TensorInfo
 from .passes import contiguous, make_static
+from .runtime.kernels.registry import PRIVATE_DOMAIN
 
 try:
     import onnx
@@ -227,27 +228,18 @@ def import_model(
 
 
 def to_onnx(
-    graph: Graph,
-    *,
-    inputs_with_defaults: Sequence[str] = (),
-    producer: str = "edgetrain",
-    functions: Sequence[onnx.FunctionProto] = (),
+    graph: Graph, *, inputs_with_defaults: Sequence[str] = (), producer: str = "edgetrain"
 ) -> onnx.ModelProto:
     """Graph -> a standard ONNX model that passes onnx.checker. inputs_with_defaults names initializers that
-    also become graph inputs (a feed overrides them; without one, the initializer is the value)."""
-
-    def vi(name: str) -> onnx.ValueInfoProto:
-        info = graph.values.get(name)
-        if info is None:
-            return helper.make_empty_tensor_value_info(name)
-        return helper.make_tensor_value_info(
-            name,
-            helper.np_dtype_to_tensor_dtype(np.dtype(info.dtype)),
-            None if info.shape is None else list(info.shape),
-        )
-
-    nodes = []
+    also become graph inputs (a feed overrides them; without one, the initializer is the value). Each of
+    edgetrain's fused ops becomes a call of an ONNX function whose body is in standard ops, so any ONNX runtime
+    runs the model."""
+    nodes, functions = [], []
     for n in graph.nodes:
+        if n.domain == PRIVATE_DOMAIN:
+            fname = f"{n.op_type}_{len(functions)}"
+            functions.append(_function_proto(graph, n, fname))
+            n = n.replace(op_type=fname, attrs={}, inputs=tuple(i for i in n.inputs if i))
         attrs = {
             k: (numpy_helper.from_array(np.asarray(v)) if isinstance(v, np.ndarray) else v)
             for k, v in n.attrs.items()
@@ -259,22 +251,60 @@ def to_onnx(
         )
     overridable = [n for n in inputs_with_defaults if n in graph.initializers]
     inits = [numpy_helper.from_array(np.asarray(v), k) for k, v in graph.initializers.items()]
-    internal = [vi(o) for n in graph.nodes for o in n.outputs if o and o not in graph.outputs]
+    internal = [_vi(graph, o) for n in graph.nodes for o in n.outputs if o and o not in graph.outputs]
     g = helper.make_graph(
         nodes,
         graph.name,
-        [vi(i) for i in list(graph.inputs) + overridable],
-        [vi(o) for o in graph.outputs],
+        [_vi(graph, i) for i in list(graph.inputs) + overridable],
+        [_vi(graph, o) for o in graph.outputs],
         inits,
         value_info=internal,
     )
     opsets = [helper.make_opsetid("", graph.opset)] + [
         helper.make_opsetid(d, v) for d, v in graph.opsets.items()
     ]
-    model = helper.make_model(g, opset_imports=opsets, producer_name=producer, functions=list(functions))
+    if functions and PRIVATE_DOMAIN not in graph.opsets:
+        opsets.append(helper.make_opsetid(PRIVATE_DOMAIN, 1))
+    model = helper.make_model(g, opset_imports=opsets, producer_name=producer, functions=functions)
     # The IR version the ONNX opset needs, not the newest the installed onnx writes: older runtimes load it.
     model.ir_version = max(8, _ir_version_for(graph.opset))
     return model
+
+
+def _vi(graph: Graph, name: str) -> onnx.ValueInfoProto:
+    info = graph.values.get(name)
+    if info is None:
+        return helper.make_empty_tensor_value_info(name)
+    return helper.make_tensor_value_info(
+        name,
+        helper.np_dtype_to_tensor_dtype(np.dtype(info.dtype)),
+        None if info.shape is None else list(info.shape),
+    )
+
+
+def _function_proto(graph: Graph, node: Node, fname: str) -> onnx.FunctionProto:
+    """One private node's standard-op body as an ONNX function (attribute values baked in)."""
+    from .autodiff.functions import expand_body
+
+    sub = expand_body(graph, node)
+    body = [
+        helper.make_node("Constant", [], [k], value=numpy_helper.from_array(np.asarray(v)))
+        for k, v in sub.initializers.items()
+    ]
+    for n in sub.nodes:
+        attrs = {
+            k: (numpy_helper.from_array(np.asarray(v)) if isinstance(v, np.ndarray) else v)
+            for k, v in n.attrs.items()
+        }
+        body.append(helper.make_node(n.op_type, list(n.inputs), list(n.outputs), **attrs))
+    return helper.make_function(
+        PRIVATE_DOMAIN,
+        fname,
+        list(sub.inputs),
+        list(sub.outputs),
+        body,
+        [helper.make_opsetid("", graph.opset)],
+    )
 
 
 def _ir_version_for(opset: int) -> int:

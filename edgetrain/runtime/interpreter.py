@@ -31,17 +31,21 @@ class Step:
 
 
 def supported_ops() -> list[str]:
-    return sorted(KERNELS)
+    """The standard ONNX ops the interpreter runs."""
+    return sorted(op for op, k in KERNELS.items() if not k.domain)
 
 
 def _compile_step(node: Node) -> tuple[Callable[..., Any], dict[str, Any]]:
     """Resolves the kernel of one node and its keyword arguments; user errors name the node."""
-    if node.domain not in ("", "ai.onnx"):
+    kern = KERNELS.get(node.op_type)
+    domain = "" if node.domain == "ai.onnx" else node.domain
+    if kern is not None and kern.domain != domain:
+        kern = None
+    if kern is None and domain:
         raise UnsupportedError(
             f"{node.label} is in domain '{node.domain}', which edgetrain does not run; "
             "only the standard ONNX domain (ai.onnx) is supported"
         )
-    kern = KERNELS.get(node.op_type)
     if kern is None:
         raise UnsupportedError(
             f"{node.label}: op '{node.op_type}' has no kernel in edgetrain. "
