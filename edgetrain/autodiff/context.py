@@ -1,0 +1,156 @@
+"""The building context gradient rules, losses and optimizers write nodes through: a GraphBuilder that knows the
+static dtype and shape of every value it creates (by running each new node once on stand-in inputs)."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import EdgeTrainError, ShapeError
+from ..ir import DEFAULT_DOMAIN, Graph, GraphBuilder, Node, TensorInfo
+from ..runtime.kernels import KERNELS
+from ..runtime.kernels.registry import PRIVATE_DOMAIN
+
+
+class ShapedBuilder(GraphBuilder):
+    """A GraphBuilder whose add() records the TensorInfo of every output it creates.
+
+    Shapes come from executing the new node's kernel once, on the real values of constant inputs and zeros (or
+    ones, if zeros fail: an integer division, say) of the right shape for the others: exact for every op the
+    interpreter runs, with no shape function to keep in sync with the kernels.
+    """
+
+    def add(
+        self,
+        op_type: str,
+        inputs: Sequence[str],
+        *,
+        attrs: dict[str, Any] | None = None,
+        outputs: int | Sequence[str] = 1,
+        name: str | None = None,
+        domain: str = DEFAULT_DOMAIN,
+        infos: Sequence[TensorInfo] | None = None,
+    ) -> list[str]:
+        outs = super().add(
+            op_type, inputs, attrs=attrs, outputs=outputs, name=name, domain=domain, infos=infos
+        )
+        if infos is None:
+            node = self.graph.nodes[-1]
+            for o, info in zip(node.outputs, self._infer(node)):
+                if o:
+                    self.graph.values[o] = info
+        return outs
+
+    def _infer(self, node: Node) -> list[TensorInfo]:
+        from ..runtime.interpreter import _compile_step
+
+        fn, kwargs = _compile_step(node)
+        g = self.graph
+        error: Exception | None = None
+        for fill in (np.zeros, np.ones):
+            args = []
+            for i in node.inputs:
+                if not i:
+                    args.append(None)
+                elif i in g.initializers:
+                    args.append(g.initializers[i])
+                else:
+                    info = g.values.get(i)
+                    assert info is not None and info.is_static, (
+                        f"{node.label}: input '{i}' has no static shape"
+                    )
+                    args.append(fill(info.shape, info.dtype))
+            try:
+                with np.errstate(all="ignore"):
+                    res = fn(*args, **kwargs)
+                break
+            except EdgeTrainError:
+                raise
+            except Exception as e:  # stand-in values can fail where real ones would not
+                error = e
+        else:
+            raise ShapeError(f"{node.label}: cannot infer output shapes ({type(error).__name__}: {error})")
+        res = res if isinstance(res, tuple) else (res,)
+        return [TensorInfo(np.asarray(r).dtype, tuple(int(d) for d in np.shape(r))) for r in res]
+
+
+class GradContext:
+    """What gradient rules, losses and optimizers build with: ops by keyword, constants, shapes, attributes."""
+
+    def __init__(self, builder: ShapedBuilder):
+        self.b = builder
+
+    @property
+    def graph(self) -> Graph:
+        return self.b.graph
+
+    # ---- queries ----------------------------------------------------------------------------------------------
+    def info(self, name: str) -> TensorInfo:
+        return self.b.graph.info(name)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self.info(name).shape)  # type: ignore[arg-type]
+
+    def dtype(self, name: str) -> np.dtype:
+        return np.dtype(self.info(name).dtype)
+
+    def const_value(self, name: str) -> np.ndarray | None:
+        """The value of a constant (initializer) input, or None when it is computed at run time."""
+        return self.b.graph.initializers.get(name)
+
+    @staticmethod
+    def attr(node: Node, key: str) -> Any:
+        """A node's attribute, or the spec's default (the kernel's keyword default) when absent."""
+        if key in node.attrs:
+            return node.attrs[key]
+        default = KERNELS[node.op_type].attrs[key]
+        return None if default is inspect.Parameter.empty else default
+
+    # ---- building ---------------------------------------------------------------------------------------------
+    def op(self, op_type: str, *inputs: str | None, name: str | None = None, **attrs: Any) -> str:
+        """One standard ONNX node with one output; None inputs are omitted optional inputs."""
+        return self.b.add(op_type, [i or "" for i in inputs], attrs=attrs, name=name)[0]
+
+    def ops(
+        self, op_type: str, *inputs: str | None, n: int, name: str | None = None, **attrs: Any
+    ) -> list[str]:
+        """One standard ONNX node with n outputs."""
+        return self.b.add(op_type, [i or "" for i in inputs], attrs=attrs, outputs=n, name=name)
+
+    def private(self, op_type: str, *inputs: str | None, n: int = 1, name: str | None = None, **attrs: Any):
+        """One of edgetrain's fused ops (domain com.edgetrain); returns its output names (a list when n > 1)."""
+        outs = self.b.add(
+            op_type, [i or "" for i in inputs], attrs=attrs, outputs=n, name=name, domain=PRIVATE_DOMAIN
+        )
+        return outs if n > 1 else outs[0]
+
+    def const(self, value: Any, dtype: Any = None, *, hint: str = "const") -> str:
+        """A constant initializer (np.asarray(value, dtype))."""
+        return self.b.initializer(hint, np.asarray(value, dtype=dtype))
+
+    def ints(self, values: Sequence[int], *, hint: str = "axes") -> str:
+        """An int64 1-D constant, for axes, shapes, starts, ... inputs."""
+        return self.const(np.asarray(list(values), dtype=np.int64), hint=hint)
+
+    def scalar_like(self, value: float, like: str, *, hint: str = "scalar") -> str:
+        """A 0-d constant of like's dtype."""
+        return self.const(np.asarray(value, dtype=self.dtype(like)), hint=hint)
+
+    def reshape(self, x: str, shape: Sequence[int]) -> str:
+        if self.shape(x) == tuple(shape):
+            return x
+        return self.op("Reshape", x, self.ints(shape, hint="shape"))
+
+    def sum_to(self, x: str, shape: Sequence[int]) -> str:
+        """Sums x down to `shape` by the broadcasting rules (leading dims dropped, 1-dims kept): the gradient of a
+        broadcast."""
+        xs, shape = self.shape(x), tuple(shape)
+        if xs == shape:
+            return x
+        lead = len(xs) - len(shape)
+        axes = list(range(lead)) + [lead + k for k, d in enumerate(shape) if d == 1 and xs[lead + k] != 1]
+        y = self.op("ReduceSum", x, self.ints(axes), keepdims=1) if axes else x
+        return self.reshape(y, shape)

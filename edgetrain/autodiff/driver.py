@@ -1,0 +1,113 @@
+"""Reverse-mode autodiff over the IR: (graph, loss value, parameters) -> gradient values, appended to the graph.
+
+The driver alone handles what every rule would otherwise repeat: which nodes need a backward at all (only those
+between a trainable parameter and the loss: a frozen prefix gets none), fan-out accumulation (Sum), reduction
+of broadcast gradients back to the input's shape, and integer or boolean paths (no gradient).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from ..errors import UnsupportedError
+from ..ir import Node
+from .context import GradContext
+
+# rule(ctx, node, dys, needs) -> one gradient (or None) per node input.
+#   dys:   the gradient of each node output (None where no gradient flows back into that output)
+#   needs: per input, whether its gradient is wanted; a rule should not build what nobody wants
+# A rule may return a gradient with the broadcast shape of the output: the driver sums it down.
+GradRule = Callable[[GradContext, Node, list[str | None], list[bool]], list[str | None]]
+RULES: dict[str, GradRule] = {}
+
+
+def grad(*op_types: str) -> Callable[[GradRule], GradRule]:
+    """Registers a gradient rule for each op type given."""
+
+    def register(fn: GradRule) -> GradRule:
+        for op in op_types:
+            assert op not in RULES, f"two gradient rules for {op}"
+            RULES[op] = fn
+        return fn
+
+    return register
+
+
+def _is_float(ctx: GradContext, name: str) -> bool:
+    info = ctx.graph.values.get(name)
+    return info is not None and np.dtype(info.dtype).kind == "f"
+
+
+def differentiate(ctx: GradContext, loss: str, wrt: Sequence[str]) -> dict[str, str | None]:
+    """Appends the backward of ctx's graph to it and returns {parameter: its gradient value}, or None for a
+    parameter the loss does not depend on."""
+    from . import rules  # noqa: F401  (registers the rule table)
+
+    nodes = list(ctx.graph.nodes)
+    active = {w for w in wrt}  # values that depend on a trainable parameter through float paths
+    for n in nodes:
+        if any(i in active for i in n.inputs if i):
+            active.update(o for o in n.outputs if o and _is_float(ctx, o))
+    if loss not in active:
+        raise UnsupportedError(
+            f"the loss '{loss}' does not depend on any trainable parameter; "
+            "check the trainable= names or patterns"
+        )
+    grads: dict[str, list[str]] = {loss: [ctx.scalar_like(1.0, loss, hint="loss_grad_seed")]}
+    if ctx.shape(loss) != ():
+        grads[loss] = [ctx.op("Expand", grads[loss][0], ctx.ints(ctx.shape(loss), hint="shape"))]
+
+    def total(value: str) -> str | None:
+        parts = grads.get(value)
+        if not parts:
+            return None
+        if len(parts) > 1:  # fan-out: the gradients of every reader add up
+            parts[:] = [ctx.op("Sum", *parts, name=f"{value}_grad_sum")]
+        return parts[0]
+
+    for node in reversed(nodes):
+        dys = [total(o) if o else None for o in node.outputs]
+        if all(d is None for d in dys):
+            continue
+        needs = [bool(i) and i in active for i in node.inputs]
+        if not any(needs):
+            continue
+        rule = RULES.get(node.op_type)
+        if rule is None:
+            raise UnsupportedError(_no_rule_message(ctx, node, nodes, wrt))
+        dxs = rule(ctx, node, dys, needs)
+        assert len(dxs) <= len(node.inputs), f"{node.label}: rule returned {len(dxs)} gradients"
+        for i, dx, need in zip(node.inputs, dxs, needs):
+            if not need or dx is None:
+                continue
+            dx = ctx.sum_to(dx, ctx.shape(i))
+            assert ctx.dtype(dx) == ctx.dtype(i), f"{node.label}: gradient of '{i}' is {ctx.dtype(dx)}"
+            grads.setdefault(i, []).append(dx)
+    return {w: total(w) for w in wrt}
+
+
+def _no_rule_message(ctx: GradContext, node: Node, nodes: Sequence[Node], wrt: Sequence[str]) -> str:
+    producer = {o: n for n in nodes for o in n.outputs if o}
+    upstream: set[str] = set()
+    todo = [i for i in node.inputs if i]
+    while todo:
+        v = todo.pop()
+        if v in upstream:
+            continue
+        upstream.add(v)
+        if v in producer:
+            todo.extend(i for i in producer[v].inputs if i)
+    before = [w for w in wrt if w in upstream]
+    after = [w for w in wrt if w not in upstream]
+    hint = (
+        f"train only the parameters after it, e.g. trainable={after[:4]}{' + ...' if len(after) > 4 else ''}"
+        if after
+        else "no trainable parameter comes after it, so the model cannot be trained past this op"
+    )
+    return (
+        f"{node.label} has no gradient rule, and {len(before)} trainable parameter(s) lie before it "
+        f"(e.g. '{before[0]}'). Ops with gradient rules: {', '.join(sorted(RULES))}. To avoid it, freeze the "
+        f"parameters before it: {hint}"
+    )

@@ -1,0 +1,1 @@
+"""Gradient rules of the elementwise family (placeholder while being written)."""

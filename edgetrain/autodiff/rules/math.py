@@ -1,0 +1,1 @@
+"""Gradient rules of the math family (placeholder while being written)."""

@@ -1,0 +1,1 @@
+"""Gradient rules of the nn family (placeholder while being written)."""

@@ -1,0 +1,1 @@
+"""Gradient rules of the tensor family (placeholder while being written)."""
