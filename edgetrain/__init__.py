@@ -4,6 +4,7 @@ The device side (edgetrain.runtime) needs numpy alone; the build side (ONNX impo
 the onnx package and is imported lazily, so `import edgetrain` works on a phone without onnx.
 """
 
+from .convert import TrainingArtifact, convert
 from .errors import (
     ArtifactError,
     EdgeTrainError,
@@ -14,25 +15,17 @@ from .errors import (
     UnsupportedError,
 )
 from .ir import Graph, GraphBuilder, Node, TensorInfo
+from .losses import BCEWithLogitsLoss, CrossEntropyLoss, ILoss, L1Loss, MSELoss
+from .optimizers import SGD, Adam, AdamW, IOptimizer
 from .runtime import InferenceSession
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "ArtifactError",
-    "EdgeTrainError",
-    "ExecutionError",
-    "FeedError",
-    "Graph",
-    "GraphBuilder",
-    "InferenceSession",
-    "ModelError",
-    "Node",
-    "ShapeError",
-    "TensorInfo",
-    "UnsupportedError",
-    "__version__",
-    "import_model",
+    "SGD", "Adam", "AdamW", "ArtifactError", "BCEWithLogitsLoss", "CrossEntropyLoss", "EdgeTrainError",
+    "ExecutionError", "FeedError", "Graph", "GraphBuilder", "ILoss", "IOptimizer", "InferenceSession", "L1Loss",
+    "MSELoss", "ModelError", "Node", "ShapeError", "TensorInfo", "TrainingArtifact", "UnsupportedError",
+    "__version__", "convert", "import_model",
 ]
 
 

@@ -192,30 +192,37 @@ class GraphBuilder:
 
     def __init__(self, graph: Graph):
         self.graph = graph.copy()
+        # Values and nodes have separate namespaces (as in ONNX): a node may share its output's name.
         self._used: set[str] = set(graph.values) | set(graph.initializers) | set(graph.inputs)
-        for n in graph.nodes:
-            self._used.update(o for o in n.outputs if o)
-            if n.name:
-                self._used.add(n.name)
-        self._counters: dict[str, int] = {}
+        self._used.update(o for n in graph.nodes for o in n.outputs if o)
+        self._node_names: set[str] = {n.name for n in graph.nodes if n.name}
+        self._counters: dict[tuple[bool, str], int] = {}
 
-    def reserve(self, names: Iterable[str]) -> None:
-        """Marks names as taken (e.g. the value names of a model still being imported)."""
+    def reserve(self, names: Iterable[str], *, nodes: Iterable[str] = ()) -> None:
+        """Marks value (and node) names as taken, e.g. those of a model still being imported."""
         self._used.update(n for n in names if n)
+        self._node_names.update(n for n in nodes if n)
 
-    def fresh(self, hint: str) -> str:
+    def _fresh(self, used: set[str], hint: str, node: bool) -> str:
         hint = hint or "v"
-        if hint not in self._used:
-            self._used.add(hint)
+        if hint not in used:
+            used.add(hint)
             return hint
-        k = self._counters.get(hint, 0)
+        k = self._counters.get((node, hint), 0)
         while True:
             k += 1
             cand = f"{hint}_{k}"
-            if cand not in self._used:
-                self._counters[hint] = k
-                self._used.add(cand)
+            if cand not in used:
+                self._counters[(node, hint)] = k
+                used.add(cand)
                 return cand
+
+    def fresh(self, hint: str) -> str:
+        """A value name not used yet: the hint itself, else hint_1, hint_2, ..."""
+        return self._fresh(self._used, hint, False)
+
+    def fresh_node_name(self, hint: str) -> str:
+        return self._fresh(self._node_names, hint, True)
 
     def add(
         self,
@@ -237,8 +244,7 @@ class GraphBuilder:
         else:
             out_names = list(outputs)
             self._used.update(out_names)
-        node_name = self.fresh(base) if name is None or name in self._used else name
-        self._used.add(node_name)
+        node_name = self.fresh_node_name(base)
         self.graph.nodes.append(
             Node(op_type, tuple(inputs), tuple(out_names), dict(attrs or {}), node_name, domain)
         )

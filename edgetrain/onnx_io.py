@@ -199,7 +199,7 @@ def from_onnx(model: str | os.PathLike | bytes | onnx.ModelProto) -> Graph:
         name=g.name or "graph",
     )
     b = GraphBuilder(graph)
-    b.reserve(name for n in g.node for name in (*n.output, n.name))
+    b.reserve((name for n in g.node for name in n.output), nodes=(n.name for n in g.node))
     seen_names: set[str] = set()
     for idx, n in enumerate(g.node):
         name = n.name or f"{n.op_type}_{idx}"

@@ -1,0 +1,208 @@
+"""The conversion pipeline: ONNX inference model -> TrainingArtifact (one training step as a pure graph:
+(data, target, lr, parameters, optimizer state) -> (loss, model outputs, new parameters, new state))."""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .autodiff.context import ShapedBuilder
+from .autodiff.driver import differentiate
+from .errors import UnsupportedError
+from .ir import Graph, TensorInfo
+from .losses import ILoss
+from .optimizers import IOptimizer, TrainingContext
+from .passes import SHAPE_INPUTS
+
+# Inputs (by position) that hold learnable parameters when they are float initializers.
+PARAM_INPUTS = {
+    "Conv": (1, 2), "ConvTranspose": (1, 2), "Gemm": (0, 1, 2), "MatMul": (0, 1), "BatchNormalization": (1, 2),
+    "LayerNormalization": (1, 2), "InstanceNormalization": (1, 2), "GroupNormalization": (1, 2), "PRelu": (1,),
+    "Gather": (0,), "Einsum": tuple(range(8)), "Add": (0, 1), "Sub": (0, 1), "Mul": (0, 1), "Div": (0,),
+}
+# Inputs that are statistics or settings, never parameters, whatever their dtype.
+NEVER_PARAM = {"BatchNormalization": (3, 4)}
+UPDATED = ".updated"  # output name of the next value of a parameter or state tensor: f"{name}.updated"
+
+
+def parameter_candidates(graph: Graph) -> tuple[list[str], set[str]]:
+    """(default trainable parameters, float initializers that may never be trained).
+    A float initializer is a parameter when an op reads it as a weight, bias, scale or embedding table (for the
+    elementwise ops: only when it holds more than one element, so constants like 2.0 or eps stay constants);
+    BatchNorm running statistics and shape-like inputs are never parameters."""
+    params, never = [], set()
+    for n in graph.nodes:
+        for pos in NEVER_PARAM.get(n.op_type, ()) + SHAPE_INPUTS.get(n.op_type, ()):
+            if pos < len(n.inputs) and n.inputs[pos]:
+                never.add(n.inputs[pos])
+    for n in graph.nodes:
+        for pos in PARAM_INPUTS.get(n.op_type, ()):
+            if pos >= len(n.inputs):
+                continue
+            name = n.inputs[pos]
+            arr = graph.initializers.get(name)
+            if arr is None or arr.dtype.kind != "f" or name in never or name in params:
+                continue
+            if n.op_type in ("Add", "Sub", "Mul", "Div") and arr.size <= 1:
+                continue
+            params.append(name)
+    return params, never
+
+
+def select_trainable(graph: Graph, trainable: str | Sequence[str] | None) -> list[str]:
+    """The trainable set: every default parameter (None), or those matching names or glob patterns. An exact
+    name may select any float initializer that is not a statistic or shape; each pattern must match."""
+    params, never = parameter_candidates(graph)
+    if trainable is None:
+        if not params:
+            raise UnsupportedError("the model has no float initializers that look like parameters "
+                                   "(weights, biases, scales); nothing to train")
+        return params
+    patterns = [trainable] if isinstance(trainable, str) else list(trainable)
+    chosen: list[str] = []
+    for pat in patterns:
+        if pat in graph.initializers:
+            arr = graph.initializers[pat]
+            if arr.dtype.kind != "f" or pat in never:
+                raise UnsupportedError(f"'{pat}' cannot be trained: it is "
+                                       f"{'a statistic or shape input' if pat in never else arr.dtype.name}")
+            hits = [pat]
+        else:
+            hits = [p for p in params if fnmatch.fnmatchcase(p, pat)]
+        if not hits:
+            raise UnsupportedError(f"trainable pattern '{pat}' matches no parameter; parameters: "
+                                   f"{', '.join(params[:30])}{' ...' if len(params) > 30 else ''}")
+        chosen.extend(h for h in hits if h not in chosen)
+    order = {p: k for k, p in enumerate(list(graph.initializers))}
+    return sorted(chosen, key=order.__getitem__)
+
+
+@dataclass
+class TrainingArtifact:
+    """One derived training step and everything needed to run, resume and export it."""
+
+    graph: Graph  # the step; parameters and optimizer state are graph inputs
+    inference: Graph  # the static inference graph, with the initial parameters
+    parameters: list[str]  # trainable parameters (ONNX initializer names)
+    state: list[str]  # optimizer state inputs
+    initial: dict[str, np.ndarray]  # initial value of every parameter and state input
+    updates: dict[str, str]  # parameter or state input -> output holding its next value
+    data_inputs: list[str]
+    target: str
+    lr: str
+    loss: str
+    outputs: list[str]  # the model's outputs, also outputs of the step
+    loss_config: dict[str, Any] = field(default_factory=dict)
+    optimizer_config: dict[str, Any] = field(default_factory=dict)
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def frozen(self) -> list[str]:
+        """Float parameters of the model that this artifact does not train."""
+        return [p for p in parameter_candidates(self.inference)[0] if p not in self.parameters]
+
+    def feeds(self, x: dict[str, np.ndarray] | np.ndarray, y: np.ndarray, lr: float | None = None,
+              values: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """The step's feeds: data (a dict, or one array for a single-input model), target, lr, and parameters
+        and state (their initial values unless given)."""
+        data = x if isinstance(x, dict) else {self.data_inputs[0]: x}
+        lr_value = self.optimizer_config.get("lr", 0.0) if lr is None else lr
+        feeds = {**data, self.target: y, self.lr: np.asarray(lr_value, np.float32)}
+        feeds.update(values if values is not None else self.initial)
+        return feeds
+
+    def training_onnx(self):
+        """One training step as a standard ONNX model: parameters and optimizer state are graph inputs whose
+        initial values are initializers, so feeding only data, target and lr runs one step from the initial
+        state. Fused ops become ONNX functions in standard ops. Needs onnx."""
+        from .onnx_io import to_onnx
+
+        stateful = self.parameters + self.state
+        g = self.graph.copy(inputs=[i for i in self.graph.inputs if i not in stateful],
+                            initializers={**self.graph.initializers, **self.initial})
+        g.name = f"{self.inference.name}_training_step"
+        return to_onnx(g, inputs_with_defaults=stateful)
+
+
+def _rename(graph: Graph, old: str, new: str) -> None:
+    """Renames a value everywhere in graph (in place)."""
+    graph.nodes[:] = [n.replace(inputs=tuple(new if i == old else i for i in n.inputs),
+                                outputs=tuple(new if o == old else o for o in n.outputs)) for n in graph.nodes]
+    graph.outputs[:] = [new if o == old else o for o in graph.outputs]
+    graph.values[new] = graph.values.pop(old)
+
+
+def convert(model: Any, *, loss: ILoss, optimizer: IOptimizer, trainable: str | Sequence[str] | None = None,
+            batch_size: int | None = None, output: str | None = None) -> TrainingArtifact:
+    """ONNX inference model (path, bytes, onnx.ModelProto, or a static edgetrain Graph) -> TrainingArtifact.
+    loss: any ILoss; optimizer: any IOptimizer; trainable: None for every parameter, or names / glob patterns;
+    batch_size fixes a symbolic batch dimension; output names the model output the loss reads (default: the
+    first)."""
+    if not isinstance(loss, ILoss):
+        raise UnsupportedError(f"loss must be an ILoss (e.g. et.CrossEntropyLoss()), not {type(loss).__name__}")
+    if not isinstance(optimizer, IOptimizer):
+        raise UnsupportedError(f"optimizer must be an IOptimizer (e.g. et.SGD(lr=0.01)), not "
+                               f"{type(optimizer).__name__}")
+    provenance: dict[str, Any] = {}
+    if isinstance(model, Graph):
+        inference = model
+    else:
+        from .onnx_io import import_model, load_model
+
+        proto = load_model(model)
+        provenance["source_sha256"] = hashlib.sha256(proto.SerializeToString(deterministic=True)).hexdigest()
+        if isinstance(model, (str, os.PathLike)):
+            provenance["source"] = os.path.basename(os.fspath(model))
+        inference = import_model(proto, batch_size=batch_size)
+    inference.verify(static=True)
+    prediction = output or inference.outputs[0]
+    if prediction not in inference.outputs:
+        raise UnsupportedError(f"output '{prediction}' is not an output of the model; its outputs are: "
+                               f"{', '.join(inference.outputs)}")
+    params = select_trainable(inference, trainable)
+
+    g = inference.copy()
+    g.inputs = list(inference.inputs)
+    b = ShapedBuilder(g)
+    lr = b.fresh("lr")
+    target = b.fresh("target")
+    for name, info in ((target, loss.target_info(g.info(prediction))), (lr, TensorInfo(np.dtype("float32"), ()))):
+        b.graph.inputs.append(name)
+        b.graph.values[name] = info
+    ctx = TrainingContext(b, lr=lr)
+    loss_value = loss.build(ctx, prediction, target)
+    if ctx.shape(loss_value) != ():
+        raise UnsupportedError(f"the loss must be a scalar; {type(loss).__name__} built a value of shape "
+                               f"{list(ctx.shape(loss_value))}")
+    grads = differentiate(ctx, loss_value, params)
+    unreached = [p for p in params if grads[p] is None]
+    if unreached and trainable is not None:
+        raise UnsupportedError(f"the loss does not depend on trainable parameter(s) {unreached[:5]}")
+    params = [p for p in params if grads[p] is not None]
+    new_values = optimizer.make_multiple(ctx, params, [grads[p] for p in params])
+
+    graph = b.finish()
+    initial = {p: inference.initializers[p] for p in params}
+    for p in params:  # parameters become inputs: the step is a pure function of them
+        del graph.initializers[p]
+    graph.inputs = list(inference.inputs) + [target, lr] + params + list(ctx.state_inputs)
+    initial.update(ctx.state_inputs)
+    updates = dict(zip(params, new_values)) | dict(ctx.state_updates)
+    loss_name = b.fresh("loss")
+    _rename(graph, loss_value, loss_name)
+    for name, value in list(updates.items()):
+        updates[name] = b.fresh(name + UPDATED)
+        _rename(graph, value, updates[name])
+    graph.outputs = [loss_name] + list(inference.outputs) + list(updates.values())
+    graph.verify(static=True)
+    return TrainingArtifact(
+        graph=graph, inference=inference, parameters=params, state=list(ctx.state_inputs), initial=initial,
+        updates=updates, data_inputs=list(inference.inputs), target=target, lr=lr, loss=loss_name,
+        outputs=list(inference.outputs), loss_config=loss.config(), optimizer_config=optimizer.config(),
+        provenance=provenance)
