@@ -1,1 +1,274 @@
-"""edgetrain's fused backward kernels for convolution and pooling (domain com.edgetrain; placeholder)."""
+"""edgetrain's fused backward kernels for convolution and pooling (domain com.edgetrain), numpy only."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from ...errors import ShapeError
+from .nn import (
+    IM2COL_BUDGET,
+    _avg_divisor,
+    _compute_dtype,
+    _deliver,
+    _ints,
+    _padded,
+    _pool_setup,
+    _spatial_rank,
+    _windows,
+    conv_output_shape,
+    max_pool,
+    pool_output_shape,
+)
+from .registry import PRIVATE_DOMAIN, kernel
+
+
+def _check_dy(op: str, dy: np.ndarray, expected: Sequence[int]) -> None:
+    if tuple(dy.shape) != tuple(expected):
+        raise ShapeError(
+            f"{op}: dY has shape {list(dy.shape)}, expected {list(expected)} (the forward output)"
+        )
+
+
+def _crop(dxp: np.ndarray, p: Sequence[int], sp: Sequence[int]) -> np.ndarray:
+    """The unpadded part of a gradient accumulated over the padded input (a fresh array when cropped)."""
+    if dxp.shape[2:] == tuple(sp):
+        return dxp
+    return dxp[(slice(None),) * 2 + tuple(slice(p[i], p[i] + n) for i, n in enumerate(sp))].copy()
+
+
+def _extent(sp, p, oshape, k, s, d) -> tuple[int, ...]:
+    """The padded spatial extent every window fits in (as nn._padded's)."""
+    return tuple(max(p[i] + n, (oshape[i] - 1) * s[i] + (k[i] - 1) * d[i] + 1) for i, n in enumerate(sp))
+
+
+def _overlapping(k: Sequence[int], s: Sequence[int], d: Sequence[int]) -> bool:
+    """Whether two windows can share an input element (then gradients add; else they are just placed)."""
+    return any(si < (ki - 1) * di + 1 for ki, si, di in zip(k, s, d))
+
+
+# ---------------------------------------------------------------- ConvGradInput, ConvGradWeight
+# Both work batch-last: [C, spatial..., N] arrays, so that each im2col copy or col2im add runs over the last
+# spatial axis and the batch together, in far longer inner loops than spatial rows alone (measured 1.5-2.5x
+# faster than the batch-first slabs for N=32, 14x14 inputs, 5x5 kernels).
+
+
+def _batch_last(a: np.ndarray, p: Sequence[int] = (), ext: Sequence[int] | None = None) -> np.ndarray:
+    """a [N, C, spatial...] as a contiguous [C, spatial..., N]; with ext, placed at the begin pads p inside
+    zeros of spatial extent ext."""
+    moved = np.moveaxis(a, 0, -1)
+    if ext is None or tuple(ext) == a.shape[2:]:
+        return np.ascontiguousarray(moved)
+    out = np.zeros((a.shape[1],) + tuple(ext) + (a.shape[0],), a.dtype)
+    out[(slice(None),) + tuple(slice(p[i], p[i] + n) for i, n in enumerate(a.shape[2:]))] = moved
+    return out
+
+
+def _conv_setup(op: str, sp, k, group: int, nc: tuple[int, int], m: int, dy, dilations, pads, strides):
+    """(out spatial shape, pads, strides, dilations, padded extent) of a Conv with input [N, C, sp...]
+    (nc = (N, C)) and M output channels, with dY and the channels checked."""
+    nd, c = len(sp), nc[1]
+    oshape, p = conv_output_shape(sp, k, dilations=dilations, pads=pads, strides=strides)
+    if group < 1 or c % group or m % group:
+        raise ShapeError(f"{op}: group={group} must divide the {c} input and {m} output channels")
+    _check_dy(op, dy, (nc[0], m) + oshape)
+    s, d = _ints(strides, nd, 1, "strides"), _ints(dilations, nd, 1, "dilations")
+    return oshape, p, s, d, _extent(sp, p, oshape, k, s, d)
+
+
+def _chunk(n: int, rows: int, itemsize: int) -> int:
+    """How many batch rows of im2col columns ([rows] elements each) fit in the memory budget."""
+    return max(1, min(n, IM2COL_BUDGET // max(1, rows * itemsize)))
+
+
+@kernel("ConvGradInput", domain=PRIVATE_DOMAIN)
+def conv_grad_input(
+    dy: np.ndarray,
+    w: np.ndarray,
+    *,
+    dilations: Sequence[int] | None = None,
+    group: int = 1,
+    output_shape: Sequence[int],
+    pads: Sequence[int] | None = None,
+    strides: Sequence[int] | None = None,
+) -> np.ndarray:
+    """Conv's dX [N, C, output_shape...] from dY [N, M, out...] and W [M, C/group, k...] (explicit pads):
+    columns W^T @ dY per group, then col2im adds each kernel offset's slab into the padded dX."""
+    ct = _compute_dtype(dy, "ConvGradInput")
+    _spatial_rank(dy, "ConvGradInput", w.shape[2:])
+    sp, k = tuple(int(v) for v in output_shape), w.shape[2:]
+    n, m, c = dy.shape[0], w.shape[0], w.shape[1] * group
+    oshape, p, s, d, ext = _conv_setup("ConvGradInput", sp, k, group, (n, c), m, dy, dilations, pads, strides)
+    cg, mg, kk = c // group, m // group, int(np.prod(k))
+    wt = w.astype(ct, copy=False).reshape(group, mg, cg * kk).transpose(0, 2, 1)
+    if kk == 1 and oshape == sp and not any(p):  # pointwise: dX = W^T @ dY per group, no columns
+        dx = np.matmul(wt, dy.astype(ct, copy=False).reshape(n, group, mg, -1))
+        return _deliver(dx.reshape((n, c) + sp), None, dy.dtype)
+    dx = np.empty((n, c) + sp, ct)
+    chunk = _chunk(n, c * kk * int(np.prod(oshape)), ct.itemsize)
+    inner = (slice(None),) + tuple(slice(p[i], p[i] + sp[i]) for i in range(len(sp)))
+    for lo in range(0, n, chunk):  # one iteration unless the columns would exceed the memory budget
+        hi = min(n, lo + chunk)
+        dyl = _batch_last(dy[lo:hi].astype(ct, copy=False)).reshape(group, mg, -1)
+        cols = np.matmul(wt, dyl).reshape((c,) + k + oshape + (hi - lo,))
+        dxl = np.zeros((c,) + ext + (hi - lo,), ct)
+        for off, sl in _windows(k, s, d, oshape):
+            v = dxl[(slice(None),) + sl[2:]]
+            np.add(v, cols[(slice(None),) + off], out=v)
+        np.copyto(dx[lo:hi], np.moveaxis(dxl[inner], -1, 0))
+    return _deliver(dx, None, dy.dtype)
+
+
+@kernel("ConvGradWeight", domain=PRIVATE_DOMAIN)
+def conv_grad_weight(
+    dy: np.ndarray,
+    x: np.ndarray,
+    *,
+    dilations: Sequence[int] | None = None,
+    group: int = 1,
+    kernel_shape: Sequence[int],
+    pads: Sequence[int] | None = None,
+    strides: Sequence[int] | None = None,
+    noutputs: int = 1,
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+    """Conv's dW [M, C/group, k...] (and dB [M] as a second output) from dY [N, M, out...] and X [N, C, in...]
+    (explicit pads): dW[m, c, k] = sum_{n, o} dY[n, m, o] * Xpad[n, c, o*s + k*d], one matmul per group over
+    the im2col columns."""
+    ct = _compute_dtype(x, "ConvGradWeight")
+    _spatial_rank(x, "ConvGradWeight", kernel_shape)
+    k = tuple(int(v) for v in kernel_shape)
+    n, c, m = x.shape[0], x.shape[1], dy.shape[1]
+    oshape, p, s, d, ext = _conv_setup(
+        "ConvGradWeight", x.shape[2:], k, group, (n, c), m, dy, dilations, pads, strides
+    )
+    dtype, x, dy = x.dtype, x.astype(ct, copy=False), dy.astype(ct, copy=False)
+    if max(k) == 1 and oshape == x.shape[2:] and not any(p):
+        # pointwise: the columns are X itself; per image dY @ X^T summed over the batch, no transposes
+        dyg = dy.reshape(n, group, m // group, -1)
+        dw = np.matmul(dyg, x.reshape(n, group, c // group, -1).transpose(0, 1, 3, 2)).sum(axis=0)
+        db = (dy.reshape(n, m, -1) @ np.ones(dyg.shape[-1], ct)).sum(axis=0) if noutputs > 1 else None
+    else:
+        dw, db = _weight_grad_columns(dy, x, group, k, oshape, p, s, d, ext, noutputs > 1)
+    dw = _deliver(dw.reshape((m, c // group) + k), None, dtype)
+    return dw if db is None else (dw, _deliver(db, None, dtype))
+
+
+def _weight_grad_columns(dy, x, group, k, oshape, p, s, d, ext, want_b):
+    """(dW [G, Mg, Cg*K], dB [M] or None) through batch-last im2col columns, a batch chunk at a time."""
+    (n, c), m, ct = x.shape[:2], dy.shape[1], x.dtype
+    cg, mg, kk, npos = c // group, m // group, int(np.prod(k)), int(np.prod(oshape))
+    chunk = _chunk(n, c * kk * npos, ct.itemsize)
+    buf = np.empty(c * kk * npos * chunk, ct)
+    dw = np.zeros((group, mg, cg * kk), ct)
+    db = np.zeros(m, ct) if want_b else None
+    for lo in range(0, n, chunk):  # one iteration unless the columns would exceed the memory budget
+        hi = min(n, lo + chunk)
+        xl = _batch_last(x[lo:hi], p, ext)
+        cols = buf[: c * kk * npos * (hi - lo)].reshape((c,) + k + oshape + (hi - lo,))
+        for off, sl in _windows(k, s, d, oshape):
+            np.copyto(cols[(slice(None),) + off], xl[(slice(None),) + sl[2:]])
+        dyl = _batch_last(dy[lo:hi]).reshape(group, mg, -1)
+        # per group dW [Mg, Cg*K] = dY [Mg, P*n] @ columns^T (a transposed operand: no copy for BLAS)
+        dw += np.matmul(dyl, cols.reshape(group, cg * kk, -1).transpose(0, 2, 1))
+        if db is not None:  # a matmul with ones: several times faster than .sum(axis=1)
+            db += dyl.reshape(m, -1) @ np.ones(dyl.shape[-1], ct)
+    return dw, db
+
+
+# ---------------------------------------------------------------- MaxPoolGrad
+
+
+@kernel("MaxPoolGrad", domain=PRIVATE_DOMAIN)
+def max_pool_grad(
+    dy: np.ndarray,
+    x: np.ndarray,
+    y: np.ndarray | None = None,
+    *,
+    auto_pad: str = "NOTSET",
+    ceil_mode: int = 0,
+    dilations: Sequence[int] | None = None,
+    kernel_shape: Sequence[int],
+    pads: Sequence[int] | None = None,
+    strides: Sequence[int] | None = None,
+) -> np.ndarray:
+    """MaxPool's dX from dY, X and (optionally; recomputed when omitted) the forward's Y: each dY goes to the
+    first maximum of its window in window order (onnxruntime's Indices); attributes as the forward's."""
+    ct = _compute_dtype(x, "MaxPoolGrad")
+    geo = dict(auto_pad=auto_pad, ceil_mode=ceil_mode, dilations=dilations, pads=pads, strides=strides)
+    oshape, p, k, s, d = _pool_setup(x, "MaxPoolGrad", kernel_shape, **geo)
+    _check_dy("MaxPoolGrad", dy, x.shape[:2] + oshape)
+    if y is None:
+        y = max_pool(x, kernel_shape=kernel_shape, **geo)
+    _check_dy("MaxPoolGrad (Y)", y, x.shape[:2] + oshape)
+    xp = _padded(x, p, oshape, k, s, d, -np.inf)
+    dy = dy.astype(ct, copy=False)
+    dxp = np.zeros(xp.shape, ct)
+    add = _overlapping(k, s, d)
+    windows = list(_windows(k, s, d, oshape))
+    taken = np.empty(y.shape, bool)  # outputs whose maximum an earlier kernel offset already claimed
+    hit = np.empty(y.shape, bool)
+    part = np.empty(y.shape, ct) if add else None
+    # ufunc where= on a strided destination is slow (~6x): multiply by the mask instead
+    for j, (_, sl) in enumerate(windows):
+        if j == 0:
+            np.equal(xp[sl], y, out=taken)
+            mask = taken
+        else:
+            np.equal(xp[sl], y, out=hit)
+            np.greater(hit, taken, out=hit)  # hit and not taken
+            if j + 1 < len(windows):
+                np.logical_or(taken, hit, out=taken)
+            mask = hit
+        dst = dxp[sl]
+        if add:
+            np.multiply(dy, mask, out=part)
+            np.add(dst, part, out=dst)
+        else:  # each element lies in one window at most: placed, not added
+            np.multiply(dy, mask, out=dst)
+    return _deliver(_crop(dxp, p, x.shape[2:]), None, x.dtype)
+
+
+# ---------------------------------------------------------------- AveragePoolGrad
+
+
+@kernel("AveragePoolGrad", domain=PRIVATE_DOMAIN)
+def average_pool_grad(
+    dy: np.ndarray,
+    *,
+    auto_pad: str = "NOTSET",
+    ceil_mode: int = 0,
+    count_include_pad: int = 0,
+    dilations: Sequence[int] | None = None,
+    kernel_shape: Sequence[int],
+    output_shape: Sequence[int],
+    pads: Sequence[int] | None = None,
+    strides: Sequence[int] | None = None,
+) -> np.ndarray:
+    """AveragePool's dX [N, C, output_shape...] from dY: dY / count added over each window's elements;
+    the other attributes are the forward's."""
+    ct = _compute_dtype(dy, "AveragePoolGrad")
+    sp = tuple(int(v) for v in output_shape)
+    nd = _spatial_rank(dy, "AveragePoolGrad", kernel_shape)
+    oshape, p = pool_output_shape(
+        sp,
+        kernel_shape,
+        auto_pad=auto_pad,
+        ceil_mode=ceil_mode,
+        dilations=dilations,
+        pads=pads,
+        strides=strides,
+    )
+    _check_dy("AveragePoolGrad", dy, dy.shape[:2] + oshape)
+    k = tuple(int(v) for v in kernel_shape)
+    s, d = _ints(strides, nd, 1, "strides"), _ints(dilations, nd, 1, "dilations")
+    dyd = dy.astype(ct) / _avg_divisor(sp, oshape, p, k, s, d, count_include_pad, ct)
+    dxp = np.zeros(dy.shape[:2] + _extent(sp, p, oshape, k, s, d), ct)
+    add = _overlapping(k, s, d)
+    for _, sl in _windows(k, s, d, oshape):
+        dst = dxp[sl]
+        if add:
+            np.add(dst, dyd, out=dst)
+        else:
+            np.copyto(dst, dyd)
+    return _deliver(_crop(dxp, p, sp), None, dy.dtype)
