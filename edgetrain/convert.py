@@ -18,7 +18,7 @@ from .errors import UnsupportedError
 from .ir import Graph, TensorInfo
 from .losses import ILoss
 from .optimizers import IOptimizer, TrainingContext
-from .passes import SHAPE_INPUTS
+from .passes import SHAPE_INPUTS, fold_constants, prune
 
 # Inputs (by position) that hold learnable parameters when they are float initializers.
 PARAM_INPUTS = {
@@ -200,6 +200,7 @@ def convert(model: Any, *, loss: ILoss, optimizer: IOptimizer, trainable: str | 
         updates[name] = b.fresh(name + UPDATED)
         _rename(graph, value, updates[name])
     graph.outputs = [loss_name] + list(inference.outputs) + list(updates.values())
+    graph = prune(fold_constants(graph))  # constant-only pieces the loss or optimizer built, dead branches
     graph.verify(static=True)
     return TrainingArtifact(
         graph=graph, inference=inference, parameters=params, state=list(ctx.state_inputs), initial=initial,

@@ -127,7 +127,7 @@ def test_readme_custom_huber_loss():
     m, W, b = linear_model(5, 3)
     rng = np.random.default_rng(7)
     x = rng.standard_normal((6, 5)).astype(np.float32)
-    t = (rng.standard_normal((6, 3)) * 2).astype(np.float32)
+    t = (x.astype(np.float64) @ W + b + rng.standard_normal((6, 3)) * 0.6).astype(np.float32)
     d = np.abs(x.astype(np.float64) @ W + b - t)
     expected = np.where(d < 0.5, 0.5 * d**2, 0.5 * (d - 0.25)).mean()
     art = et.convert(m, loss=HuberLoss(0.5), optimizer=et.Adam(lr=1e-3), batch_size=6)

@@ -26,7 +26,7 @@ def test_zoo_model_trains(name, report):
     so = ort.SessionOptions()
     so.log_severity_level = 3
     sess = ort.InferenceSession(art.training_onnx().SerializeToString(), so, providers=["CPUExecutionProvider"])
-    first = sess.run([art.loss], {input_name(model): x, art.target: y, art.lr: np.float32(1e-3)})[0]
+    first = sess.run([art.loss], {input_name(model): x, art.target: y, art.lr: np.asarray(1e-3, np.float32)})[0]
     assert np.isfinite(first)
 
     interp = Interpreter(art.graph)
