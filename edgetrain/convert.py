@@ -22,9 +22,21 @@ from .passes import SHAPE_INPUTS, fold_constants, prune
 
 # Inputs (by position) that hold learnable parameters when they are float initializers.
 PARAM_INPUTS = {
-    "Conv": (1, 2), "ConvTranspose": (1, 2), "Gemm": (0, 1, 2), "MatMul": (0, 1), "BatchNormalization": (1, 2),
-    "LayerNormalization": (1, 2), "InstanceNormalization": (1, 2), "GroupNormalization": (1, 2), "PRelu": (1,),
-    "Gather": (0,), "Einsum": tuple(range(8)), "Add": (0, 1), "Sub": (0, 1), "Mul": (0, 1), "Div": (0,),
+    "Conv": (1, 2),
+    "ConvTranspose": (1, 2),
+    "Gemm": (0, 1, 2),
+    "MatMul": (0, 1),
+    "BatchNormalization": (1, 2),
+    "LayerNormalization": (1, 2),
+    "InstanceNormalization": (1, 2),
+    "GroupNormalization": (1, 2),
+    "PRelu": (1,),
+    "Gather": (0,),
+    "Einsum": tuple(range(8)),
+    "Add": (0, 1),
+    "Sub": (0, 1),
+    "Mul": (0, 1),
+    "Div": (0,),
 }
 # Inputs that are statistics or settings, never parameters, whatever their dtype.
 NEVER_PARAM = {"BatchNormalization": (3, 4)}
@@ -61,8 +73,10 @@ def select_trainable(graph: Graph, trainable: str | Sequence[str] | None) -> lis
     params, never = parameter_candidates(graph)
     if trainable is None:
         if not params:
-            raise UnsupportedError("the model has no float initializers that look like parameters "
-                                   "(weights, biases, scales); nothing to train")
+            raise UnsupportedError(
+                "the model has no float initializers that look like parameters "
+                "(weights, biases, scales); nothing to train"
+            )
         return params
     patterns = [trainable] if isinstance(trainable, str) else list(trainable)
     chosen: list[str] = []
@@ -70,14 +84,18 @@ def select_trainable(graph: Graph, trainable: str | Sequence[str] | None) -> lis
         if pat in graph.initializers:
             arr = graph.initializers[pat]
             if arr.dtype.kind != "f" or pat in never:
-                raise UnsupportedError(f"'{pat}' cannot be trained: it is "
-                                       f"{'a statistic or shape input' if pat in never else arr.dtype.name}")
+                raise UnsupportedError(
+                    f"'{pat}' cannot be trained: it is "
+                    f"{'a statistic or shape input' if pat in never else arr.dtype.name}"
+                )
             hits = [pat]
         else:
             hits = [p for p in params if fnmatch.fnmatchcase(p, pat)]
         if not hits:
-            raise UnsupportedError(f"trainable pattern '{pat}' matches no parameter; parameters: "
-                                   f"{', '.join(params[:30])}{' ...' if len(params) > 30 else ''}")
+            raise UnsupportedError(
+                f"trainable pattern '{pat}' matches no parameter; parameters: "
+                f"{', '.join(params[:30])}{' ...' if len(params) > 30 else ''}"
+            )
         chosen.extend(h for h in hits if h not in chosen)
     order = {p: k for k, p in enumerate(list(graph.initializers))}
     return sorted(chosen, key=order.__getitem__)
@@ -107,8 +125,13 @@ class TrainingArtifact:
         """Float parameters of the model that this artifact does not train."""
         return [p for p in parameter_candidates(self.inference)[0] if p not in self.parameters]
 
-    def feeds(self, x: dict[str, np.ndarray] | np.ndarray, y: np.ndarray, lr: float | None = None,
-              values: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    def feeds(
+        self,
+        x: dict[str, np.ndarray] | np.ndarray,
+        y: np.ndarray,
+        lr: float | None = None,
+        values: dict[str, np.ndarray] | None = None,
+    ) -> dict[str, np.ndarray]:
         """The step's feeds: data (a dict, or one array for a single-input model), target, lr, and parameters
         and state (their initial values unless given)."""
         data = x if isinstance(x, dict) else {self.data_inputs[0]: x}
@@ -124,31 +147,51 @@ class TrainingArtifact:
         from .onnx_io import to_onnx
 
         stateful = self.parameters + self.state
-        g = self.graph.copy(inputs=[i for i in self.graph.inputs if i not in stateful],
-                            initializers={**self.graph.initializers, **self.initial})
+        g = self.graph.copy(
+            inputs=[i for i in self.graph.inputs if i not in stateful],
+            initializers={**self.graph.initializers, **self.initial},
+        )
         g.name = f"{self.inference.name}_training_step"
         return to_onnx(g, inputs_with_defaults=stateful)
 
 
-def _rename(graph: Graph, old: str, new: str) -> None:
-    """Renames a value everywhere in graph (in place)."""
-    graph.nodes[:] = [n.replace(inputs=tuple(new if i == old else i for i in n.inputs),
-                                outputs=tuple(new if o == old else o for o in n.outputs)) for n in graph.nodes]
-    graph.outputs[:] = [new if o == old else o for o in graph.outputs]
-    graph.values[new] = graph.values.pop(old)
+def _rename(graph: Graph, mapping: dict[str, str]) -> None:
+    """Renames values everywhere in graph (in place), in one pass."""
+    graph.nodes[:] = [
+        n.replace(
+            inputs=tuple(mapping.get(i, i) for i in n.inputs),
+            outputs=tuple(mapping.get(o, o) for o in n.outputs),
+        )
+        if any(v in mapping for v in n.inputs + n.outputs)
+        else n
+        for n in graph.nodes
+    ]
+    graph.outputs[:] = [mapping.get(o, o) for o in graph.outputs]
+    for old, new in mapping.items():
+        graph.values[new] = graph.values.pop(old)
 
 
-def convert(model: Any, *, loss: ILoss, optimizer: IOptimizer, trainable: str | Sequence[str] | None = None,
-            batch_size: int | None = None, output: str | None = None) -> TrainingArtifact:
+def convert(
+    model: Any,
+    *,
+    loss: ILoss,
+    optimizer: IOptimizer,
+    trainable: str | Sequence[str] | None = None,
+    batch_size: int | None = None,
+    output: str | None = None,
+) -> TrainingArtifact:
     """ONNX inference model (path, bytes, onnx.ModelProto, or a static edgetrain Graph) -> TrainingArtifact.
     loss: any ILoss; optimizer: any IOptimizer; trainable: None for every parameter, or names / glob patterns;
     batch_size fixes a symbolic batch dimension; output names the model output the loss reads (default: the
     first)."""
     if not isinstance(loss, ILoss):
-        raise UnsupportedError(f"loss must be an ILoss (e.g. et.CrossEntropyLoss()), not {type(loss).__name__}")
+        raise UnsupportedError(
+            f"loss must be an ILoss (e.g. et.CrossEntropyLoss()), not {type(loss).__name__}"
+        )
     if not isinstance(optimizer, IOptimizer):
-        raise UnsupportedError(f"optimizer must be an IOptimizer (e.g. et.SGD(lr=0.01)), not "
-                               f"{type(optimizer).__name__}")
+        raise UnsupportedError(
+            f"optimizer must be an IOptimizer (e.g. et.SGD(lr=0.01)), not {type(optimizer).__name__}"
+        )
     provenance: dict[str, Any] = {}
     if isinstance(model, Graph):
         inference = model
@@ -163,8 +206,10 @@ def convert(model: Any, *, loss: ILoss, optimizer: IOptimizer, trainable: str | 
     inference.verify(static=True)
     prediction = output or inference.outputs[0]
     if prediction not in inference.outputs:
-        raise UnsupportedError(f"output '{prediction}' is not an output of the model; its outputs are: "
-                               f"{', '.join(inference.outputs)}")
+        raise UnsupportedError(
+            f"output '{prediction}' is not an output of the model; its outputs are: "
+            f"{', '.join(inference.outputs)}"
+        )
     params = select_trainable(inference, trainable)
 
     g = inference.copy()
@@ -172,14 +217,19 @@ def convert(model: Any, *, loss: ILoss, optimizer: IOptimizer, trainable: str | 
     b = ShapedBuilder(g)
     lr = b.fresh("lr")
     target = b.fresh("target")
-    for name, info in ((target, loss.target_info(g.info(prediction))), (lr, TensorInfo(np.dtype("float32"), ()))):
+    for name, info in (
+        (target, loss.target_info(g.info(prediction))),
+        (lr, TensorInfo(np.dtype("float32"), ())),
+    ):
         b.graph.inputs.append(name)
         b.graph.values[name] = info
     ctx = TrainingContext(b, lr=lr)
     loss_value = loss.build(ctx, prediction, target)
     if ctx.shape(loss_value) != ():
-        raise UnsupportedError(f"the loss must be a scalar; {type(loss).__name__} built a value of shape "
-                               f"{list(ctx.shape(loss_value))}")
+        raise UnsupportedError(
+            f"the loss must be a scalar; {type(loss).__name__} built a value of shape "
+            f"{list(ctx.shape(loss_value))}"
+        )
     grads = differentiate(ctx, loss_value, params)
     unreached = [p for p in params if grads[p] is None]
     if unreached and trainable is not None:
@@ -195,15 +245,27 @@ def convert(model: Any, *, loss: ILoss, optimizer: IOptimizer, trainable: str | 
     initial.update(ctx.state_inputs)
     updates = dict(zip(params, new_values)) | dict(ctx.state_updates)
     loss_name = b.fresh("loss")
-    _rename(graph, loss_value, loss_name)
+    renames = {loss_value: loss_name}
     for name, value in list(updates.items()):
-        updates[name] = b.fresh(name + UPDATED)
-        _rename(graph, value, updates[name])
+        assert value not in renames, f"'{value}' is the next value of two state tensors"
+        updates[name] = renames[value] = b.fresh(name + UPDATED)
+    _rename(graph, renames)
     graph.outputs = [loss_name] + list(inference.outputs) + list(updates.values())
     graph = prune(fold_constants(graph))  # constant-only pieces the loss or optimizer built, dead branches
     graph.verify(static=True)
     return TrainingArtifact(
-        graph=graph, inference=inference, parameters=params, state=list(ctx.state_inputs), initial=initial,
-        updates=updates, data_inputs=list(inference.inputs), target=target, lr=lr, loss=loss_name,
-        outputs=list(inference.outputs), loss_config=loss.config(), optimizer_config=optimizer.config(),
-        provenance=provenance)
+        graph=graph,
+        inference=inference,
+        parameters=params,
+        state=list(ctx.state_inputs),
+        initial=initial,
+        updates=updates,
+        data_inputs=list(inference.inputs),
+        target=target,
+        lr=lr,
+        loss=loss_name,
+        outputs=list(inference.outputs),
+        loss_config=loss.config(),
+        optimizer_config=optimizer.config(),
+        provenance=provenance,
+    )
