@@ -22,6 +22,7 @@ def build(
     n_outputs: int,
     seed: int,
     dtype: Any,
+    opset: int = 18,
 ) -> tuple[Graph, list[str], dict[str, np.ndarray]]:
     """y = op(inputs); loss = sum_k sum(y_k * R_k) with fixed random R_k (so every output element matters
     differently); the graph outputs [loss, d loss / d x_i for i in wrt]. Inputs in wrt are graph inputs, the
@@ -47,7 +48,7 @@ def build(
         outputs=outs,
         initializers=inits,
         values=values,
-        opset=18,
+        opset=opset,
     )
     g = infer_shapes(g)
     b = ShapedBuilder(g)
@@ -85,14 +86,15 @@ def check_grad(
     seed: int = 0,
     ort: bool = True,
     max_coords: int = 48,
+    opset: int = 18,
 ) -> float:
     """Checks the rule of op_type at these inputs (float ones are used in float64) against central finite
     differences, and (ort=True) the float32 backward graph run by onnxruntime against edgetrain's interpreter.
-    wrt: indices of the inputs to differentiate (default: every float input). Returns the largest relative
-    finite-difference error seen."""
+    wrt: indices of the inputs to differentiate (default: every float input); opset: of the emitted graph (newer
+    ops need newer ones). Returns the largest relative finite-difference error seen."""
     if wrt is None:
         wrt = [k for k, x in enumerate(inputs) if x is not None and np.asarray(x).dtype.kind == "f"]
-    graph, names, feeds = build(op_type, inputs, attrs, wrt, n_outputs, seed, np.float64)
+    graph, names, feeds = build(op_type, inputs, attrs, wrt, n_outputs, seed, np.float64, opset)
     got = Interpreter(graph, preallocate=False).run(feeds)[1:]
     rng = np.random.default_rng(seed)
     worst = 0.0
@@ -125,7 +127,9 @@ def check_grad(
             err_msg=f"{op_type}: directional derivative along {name}",
         )
     if ort:
-        check_against_onnxruntime(op_type, inputs, attrs, wrt=wrt, n_outputs=n_outputs, seed=seed)
+        check_against_onnxruntime(
+            op_type, inputs, attrs, wrt=wrt, n_outputs=n_outputs, seed=seed, opset=opset
+        )
     return worst
 
 
@@ -139,6 +143,7 @@ def check_against_onnxruntime(
     seed: int = 0,
     rtol: float = 1e-4,
     atol: float = 1e-5,
+    opset: int = 18,
 ) -> None:
     """The float32 backward graph, emitted as standard ONNX, run by onnxruntime equals edgetrain's run."""
     import onnx
@@ -146,7 +151,7 @@ def check_against_onnxruntime(
 
     from edgetrain.onnx_io import to_onnx
 
-    graph, names, feeds = build(op_type, inputs, attrs, wrt, n_outputs, seed, np.float32)
+    graph, names, feeds = build(op_type, inputs, attrs, wrt, n_outputs, seed, np.float32, opset)
     ours = Interpreter(graph, preallocate=False).run(feeds)
     model = to_onnx(graph)
     onnx.checker.check_model(model, full_check=True)
@@ -160,3 +165,26 @@ def check_against_onnxruntime(
         np.testing.assert_allclose(
             o, t, rtol=rtol, atol=atol * scale, err_msg=f"{op_type}: {name} vs onnxruntime"
         )
+
+
+def rnd(*shape, seed=0, lo=None, hi=None, away=(), margin=0.05):
+    """Seeded float64 data; uniform in [lo, hi) if given, else standard normal; pushed at least `margin` away
+    from each kink in `away` (finite differences are meaningless across a kink)."""
+    rng = np.random.default_rng(seed + 17 * len(shape) + sum(shape))
+    x = rng.uniform(lo, hi, shape) if lo is not None else rng.standard_normal(shape)
+    for k in away:
+        near = np.abs(x - k) < margin
+        x[near] = k + np.where(x[near] >= k, margin, -margin) * 2
+    return x
+
+
+def grads_of(nodes, feeds, loss, wrt):
+    """Runs differentiate on a small hand-built graph: ({param: gradient name or None}, gradient values)."""
+    from edgetrain.autodiff import GradContext
+
+    values = {k: TensorInfo(v.dtype, v.shape) for k, v in feeds.items()}
+    g = infer_shapes(Graph(nodes, list(feeds), [loss], {}, values, opset=18))
+    b = ShapedBuilder(g)
+    grads = differentiate(GradContext(b), loss, wrt)
+    outs = [grads[w] for w in wrt if grads[w]]
+    return grads, Interpreter(b.finish(outputs=outs), preallocate=False).run(feeds)
