@@ -421,6 +421,14 @@ def _pad_pre11(b: GraphBuilder, node: Node) -> Node:
     return node.replace(inputs=(node.inputs[0], pads, value), attrs=attrs)
 
 
+def _groupnorm_pre21(b: GraphBuilder, node: Node) -> Node:
+    # GroupNormalization-18 scales per group, -21 (the kernel's form) per channel: refuse rather than misread.
+    raise UnsupportedError(
+        f"{node.label}: GroupNormalization before opset 21 has per-group scale and bias, "
+        "which edgetrain does not support; export the model at opset 21 (per-channel)"
+    )
+
+
 def _scatter(b: GraphBuilder, node: Node) -> Node:
     return node.replace(op_type="ScatterElements")
 
@@ -450,6 +458,7 @@ _RULES: dict[str, Rule] = {
     "LogSoftmax": (13, _softmax_pre13),
     "Hardmax": (13, _softmax_pre13),
     "Scatter": (99, _scatter),
+    "GroupNormalization": (21, _groupnorm_pre21),
     # axes became an input in opset 13 for ReduceSum, in 18 for the other reductions
     **{
         op: (

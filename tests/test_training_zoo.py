@@ -25,8 +25,12 @@ def test_zoo_model_trains(name, report):
     y = np.zeros(art.graph.values[art.target].shape, np.int64) + 7
     so = ort.SessionOptions()
     so.log_severity_level = 3
-    sess = ort.InferenceSession(art.training_onnx().SerializeToString(), so, providers=["CPUExecutionProvider"])
-    first = sess.run([art.loss], {input_name(model): x, art.target: y, art.lr: np.asarray(1e-3, np.float32)})[0]
+    sess = ort.InferenceSession(
+        art.training_onnx().SerializeToString(), so, providers=["CPUExecutionProvider"]
+    )
+    first = sess.run([art.loss], {input_name(model): x, art.target: y, art.lr: np.asarray(1e-3, np.float32)})[
+        0
+    ]
     assert np.isfinite(first)
 
     interp = Interpreter(art.graph)
@@ -41,6 +45,8 @@ def test_zoo_model_trains(name, report):
     assert losses[0] == pytest.approx(float(first), rel=1e-4)
     assert losses[-1] < losses[0], losses
     n_params = sum(int(np.prod(art.initial[p].shape)) for p in art.parameters)
-    report("zoo training (batch 1, SGD momentum)",
-           f"{name:14s} {len(art.parameters):4d} params ({n_params / 1e6:6.2f} M)  convert {t_convert:5.1f} s  "
-           f"step {t_steps:5.2f} s  loss {losses[0]:.4f} -> {losses[-1]:.4f}")
+    report(
+        "zoo training (batch 1, SGD momentum)",
+        f"{name:14s} {len(art.parameters):4d} params ({n_params / 1e6:6.2f} M)  convert {t_convert:5.1f} s  "
+        f"step {t_steps:5.2f} s  loss {losses[0]:.4f} -> {losses[-1]:.4f}",
+    )
