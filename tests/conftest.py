@@ -17,6 +17,16 @@ def report():
 
 
 def pytest_terminal_summary(terminalreporter):
+    import sys
+
+    harness = sys.modules.get("grad_harness")
+    if harness is not None and harness.WORST:
+        worst = harness.WORST
+        terminalreporter.section("gradient rules: largest finite-difference relative error per op")
+        for op in sorted(worst):
+            terminalreporter.write_line(f"{op:50s} {worst[op]:.2e}")
+        top = max(worst, key=worst.get)
+        terminalreporter.write_line(f"largest of all: {worst[top]:.2e} ({top}; {len(worst)} ops)")
     for section, lines in _REPORT.items():
         terminalreporter.section(section)
         for line in lines:

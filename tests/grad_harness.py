@@ -13,6 +13,13 @@ from edgetrain.ir import Graph, Node, TensorInfo
 from edgetrain.passes import infer_shapes
 from edgetrain.runtime.interpreter import Interpreter
 
+# op -> the largest relative finite-difference error any check_grad saw (conftest prints it after the run)
+WORST: dict[str, float] = {}
+
+
+def record(op: str, err: float) -> None:
+    WORST[op] = max(WORST.get(op, 0.0), err)
+
 
 def build(
     op_type: str,
@@ -126,6 +133,7 @@ def check_grad(
             atol=atol * max(1, v.size),
             err_msg=f"{op_type}: directional derivative along {name}",
         )
+    record(op_type, worst)
     if ort:
         check_against_onnxruntime(
             op_type, inputs, attrs, wrt=wrt, n_outputs=n_outputs, seed=seed, opset=opset

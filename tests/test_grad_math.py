@@ -4,25 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from grad_harness import build, check_against_onnxruntime, check_grad
+from grad_harness import build, check_against_onnxruntime, check_grad, record
 
 from edgetrain.errors import UnsupportedError
 
-# op -> the largest relative finite-difference error check_grad reported (printed in the terminal summary)
-WORST: dict[str, float] = {}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _print_worst(report):
-    yield
-    for op, err in sorted(WORST.items()):
-        report("math gradients: largest finite-difference relative error", f"{op:24s} {err:.2e}")
-
-
-def run(op, inputs, attrs=None, **kw) -> float:
-    err = check_grad(op, inputs, attrs, **kw)
-    WORST[op] = max(WORST.get(op, 0.0), err)
-    return err
+run = check_grad
 
 
 def r(*shape, seed=0):
@@ -228,7 +214,7 @@ def test_layernorm_statistics_outputs():
             fd[c] = (loss(plus) - loss(minus)) / 2e-6
         np.testing.assert_allclose(got_k, fd, rtol=1e-4, atol=1e-4)
         worst = max(worst, float(np.max(np.abs(got_k - fd) / np.maximum(np.abs(fd), 1e-3))))
-    WORST["LayerNormalization (Mean/InvStdDev read, float32)"] = worst
+    record("LayerNormalization (Mean/InvStdDev read, float32)", worst)
     check_against_onnxruntime("LayerNormalization", [x, s, b], dict(epsilon=1e-3), wrt=[0, 1, 2], n_outputs=3)
 
 
