@@ -18,7 +18,7 @@ from .errors import UnsupportedError
 from .ir import Graph, TensorInfo
 from .losses import ILoss
 from .optimizers import IOptimizer, TrainingContext
-from .passes import SHAPE_INPUTS, fold_constants, prune
+from .passes import SHAPE_INPUTS, fold_constants, make_static, prune
 
 # Inputs (by position) that hold learnable parameters when they are float initializers.
 PARAM_INPUTS = {
@@ -193,8 +193,8 @@ def convert(
             f"optimizer must be an IOptimizer (e.g. et.SGD(lr=0.01)), not {type(optimizer).__name__}"
         )
     provenance: dict[str, Any] = {}
-    if isinstance(model, Graph):
-        inference = model
+    if isinstance(model, Graph):  # an IR graph (numpy only): made static here
+        inference = make_static(model, batch_size=batch_size)
     else:
         from .onnx_io import import_model, load_model
 
