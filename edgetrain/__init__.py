@@ -22,10 +22,31 @@ from .runtime import InferenceSession
 __version__ = "0.1.0"
 
 __all__ = [
-    "SGD", "Adam", "AdamW", "ArtifactError", "BCEWithLogitsLoss", "CrossEntropyLoss", "EdgeTrainError",
-    "ExecutionError", "FeedError", "Graph", "GraphBuilder", "ILoss", "IOptimizer", "InferenceSession", "L1Loss",
-    "MSELoss", "ModelError", "Node", "ShapeError", "TensorInfo", "TrainingArtifact", "UnsupportedError",
-    "__version__", "convert", "import_model",
+    "SGD",
+    "Adam",
+    "AdamW",
+    "ArtifactError",
+    "BCEWithLogitsLoss",
+    "CrossEntropyLoss",
+    "EdgeTrainError",
+    "ExecutionError",
+    "FeedError",
+    "Graph",
+    "GraphBuilder",
+    "ILoss",
+    "IOptimizer",
+    "InferenceSession",
+    "L1Loss",
+    "MSELoss",
+    "ModelError",
+    "Node",
+    "ShapeError",
+    "TensorInfo",
+    "TrainingArtifact",
+    "UnsupportedError",
+    "__version__",
+    "convert",
+    "import_model",
 ]
 
 

@@ -48,22 +48,29 @@ class CheckReport:
 
     def text(self) -> str:
         lines = [f"model      {self.model}  (opset {self.opset}, canonical form)"]
-        lines += [f"input      {n}  {t}" for n, t in self.inputs] + [f"output     {n}  {t}" for n, t in self.outputs]
+        lines += [f"input      {n}  {t}" for n, t in self.inputs] + [
+            f"output     {n}  {t}" for n, t in self.outputs
+        ]
         lines += ["", f"{'op':24s} {'nodes':>5s} {'on grad path':>12s}  gradient rule"]
         for o in self.ops:
             rule = "yes" if o.has_rule else ("MISSING" if o.on_gradient_path else "no (not needed)")
             lines.append(f"{o.op_type:24s} {o.count:5d} {o.on_gradient_path:12d}  {rule}")
         n_train = sum(p.trainable for p in self.parameters)
         size = sum(int(np.prod(p.shape)) for p in self.parameters if p.trainable)
-        lines += ["", f"parameters: {len(self.parameters)} float initializers, {n_train} trainable by default "
-                      f"({size:,} values)"]
+        lines += [
+            "",
+            f"parameters: {len(self.parameters)} float initializers, {n_train} trainable by default "
+            f"({size:,} values)",
+        ]
         for p in self.parameters:
             mark = "trainable" if p.trainable else f"frozen ({p.why_not})"
             lines.append(f"  {p.name:40s} {str(list(p.shape)):18s} {mark}")
         lines.append("")
         if self.derivable:
-            lines.append(f"OK: a training step derives for every default parameter ({self.backward_nodes} backward "
-                         "nodes, with a mean-of-output stand-in loss)")
+            lines.append(
+                f"OK: a training step derives for every default parameter ({self.backward_nodes} backward "
+                "nodes, with a mean-of-output stand-in loss)"
+            )
         else:
             lines.append(f"NOT TRAINABLE as is: {self.problem}")
         lines += [f"note: {n}" for n in self.notes]
@@ -101,7 +108,10 @@ def check(model: Any, *, batch_size: int | None = 1) -> CheckReport:
         opset=graph.opset,
         inputs=[(n, str(graph.values[n])) for n in graph.inputs],
         outputs=[(n, str(graph.values[n])) for n in graph.outputs],
-        ops=ops, parameters=infos, derivable=False)
+        ops=ops,
+        parameters=infos,
+        derivable=False,
+    )
     if not params:
         report.problem = "no float initializers look like parameters (weights, biases, scales)"
         return report
@@ -109,7 +119,9 @@ def check(model: Any, *, batch_size: int | None = 1) -> CheckReport:
     ctx = GradContext(b)
     out = graph.outputs[0]
     if np.dtype(graph.values[out].dtype).kind != "f":
-        report.problem = f"the first output '{out}' is {graph.values[out]}, not a float tensor: nothing to train on"
+        report.problem = (
+            f"the first output '{out}' is {graph.values[out]}, not a float tensor: nothing to train on"
+        )
         return report
     loss = ctx.op("ReduceMean", out, keepdims=0)
     n_before = len(b.graph.nodes)
@@ -122,8 +134,10 @@ def check(model: Any, *, batch_size: int | None = 1) -> CheckReport:
     report.backward_nodes = len(b.graph.nodes) - n_before
     unreached = [p for p, g in grads.items() if g is None]
     if unreached:
-        report.notes.append(f"{len(unreached)} parameter(s) do not affect the output and would not train: "
-                            f"{', '.join(unreached[:5])}")
+        report.notes.append(
+            f"{len(unreached)} parameter(s) do not affect the output and would not train: "
+            f"{', '.join(unreached[:5])}"
+        )
     if batch_size is not None:
         report.notes.append(f"shapes checked at batch size {batch_size}")
     return report

@@ -21,7 +21,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="edgetrain", description="On-device training for ONNX models.")
     p.add_argument("--debug", action="store_true", help="show the full traceback on errors")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    c = sub.add_parser("check", help="trainability report: ops, gradient coverage, parameters, what fails and why")
+    c = sub.add_parser(
+        "check", help="trainability report: ops, gradient coverage, parameters, what fails and why"
+    )
     c.add_argument("model", help="an ONNX inference model (.onnx)")
     c.add_argument("--batch-size", type=int, default=1, help="batch size to check shapes at (default 1)")
     c.set_defaults(run=_check)

@@ -62,7 +62,9 @@ class IOptimizer(ABC):
     def make(self, builder: TrainingContext, weight: str, grad: str) -> str:
         """Appends the update of one weight and returns the name of its updated value."""
 
-    def make_multiple(self, builder: TrainingContext, weights: Sequence[str], grads: Sequence[str]) -> list[str]:
+    def make_multiple(
+        self, builder: TrainingContext, weights: Sequence[str], grads: Sequence[str]
+    ) -> list[str]:
         """Updates every weight; with clip_grad_norm, first scales all gradients so that their global L2 norm is
         at most clip_grad_norm (torch.nn.utils.clip_grad_norm_)."""
         grads = list(grads)
@@ -96,15 +98,24 @@ class SGD(IOptimizer):
     g += weight_decay * w; v = momentum * v + (1 - dampening) * g (v = g on the first step);
     w -= lr * (g + momentum * v if nesterov else v)."""
 
-    def __init__(self, lr: float, momentum: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False,
-                 dampening: float = 0.0, clip_grad_norm: float | None = None):
+    def __init__(
+        self,
+        lr: float,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
+        nesterov: bool = False,
+        dampening: float = 0.0,
+        clip_grad_norm: float | None = None,
+    ):
         self.lr = _check("lr", lr)
         self.momentum = _check("momentum", momentum)
         self.weight_decay = _check("weight_decay", weight_decay)
         self.dampening = _check("dampening", dampening)
         self.nesterov = bool(nesterov)
         if nesterov and (momentum <= 0 or dampening != 0):
-            raise UnsupportedError("nesterov=True needs momentum > 0 and dampening = 0 (as in torch.optim.SGD)")
+            raise UnsupportedError(
+                "nesterov=True needs momentum > 0 and dampening = 0 (as in torch.optim.SGD)"
+            )
         self.clip_grad_norm = None if clip_grad_norm is None else _check("clip_grad_norm", clip_grad_norm)
 
     def make(self, g: TrainingContext, weight: str, grad: str) -> str:
@@ -120,7 +131,11 @@ class SGD(IOptimizer):
                 first = g.op("Equal", g.step()[0], g.const(np.zeros((), np.float32), hint="zero"))
                 v_new = g.op("Where", first, d, v_new)
             g.update_state(v, v_new)
-            d = g.op("Add", d, g.op("Mul", v_new, g.scalar_like(self.momentum, weight))) if self.nesterov else v_new
+            d = (
+                g.op("Add", d, g.op("Mul", v_new, g.scalar_like(self.momentum, weight)))
+                if self.nesterov
+                else v_new
+            )
         return g.op("Sub", weight, g.op("Mul", d, _lr(g, weight)), name=f"{weight}_update")
 
 
@@ -140,8 +155,14 @@ class Adam(IOptimizer):
 
     decoupled = False
 
-    def __init__(self, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0, clip_grad_norm: float | None = None):
+    def __init__(
+        self,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        clip_grad_norm: float | None = None,
+    ):
         self.lr = _check("lr", lr)
         self.betas = (_check("betas[0]", betas[0], high=1.0), _check("betas[1]", betas[1], high=1.0))
         self.eps = _check("eps", eps)
@@ -156,13 +177,25 @@ class Adam(IOptimizer):
             d = g.op("Add", d, g.op("Mul", weight, g.scalar_like(self.weight_decay, weight)))
         w = weight
         if self.weight_decay and self.decoupled:  # AdamW: w *= 1 - lr * weight_decay, before the Adam step
-            w = g.op("Mul", weight, g.op("Sub", g.scalar_like(1.0, weight),
-                                         g.op("Mul", lr, g.scalar_like(self.weight_decay, weight))))
+            w = g.op(
+                "Mul",
+                weight,
+                g.op(
+                    "Sub",
+                    g.scalar_like(1.0, weight),
+                    g.op("Mul", lr, g.scalar_like(self.weight_decay, weight)),
+                ),
+            )
         zeros = np.zeros(g.shape(weight), g.dtype(weight))
         m, v = g.state(f"{weight}.exp_avg", zeros), g.state(f"{weight}.exp_avg_sq", zeros)
-        m_new = g.op("Add", g.op("Mul", m, g.scalar_like(b1, weight)), g.op("Mul", d, g.scalar_like(1 - b1, weight)))
-        v_new = g.op("Add", g.op("Mul", v, g.scalar_like(b2, weight)),
-                     g.op("Mul", g.op("Mul", d, d), g.scalar_like(1 - b2, weight)))
+        m_new = g.op(
+            "Add", g.op("Mul", m, g.scalar_like(b1, weight)), g.op("Mul", d, g.scalar_like(1 - b1, weight))
+        )
+        v_new = g.op(
+            "Add",
+            g.op("Mul", v, g.scalar_like(b2, weight)),
+            g.op("Mul", g.op("Mul", d, d), g.scalar_like(1 - b2, weight)),
+        )
         g.update_state(m, m_new)
         g.update_state(v, v_new)
         t = g.step()[1]
@@ -183,6 +216,12 @@ class AdamW(Adam):
 
     decoupled = True
 
-    def __init__(self, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.01, clip_grad_norm: float | None = None):
+    def __init__(
+        self,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.01,
+        clip_grad_norm: float | None = None,
+    ):
         super().__init__(lr, betas, eps, weight_decay, clip_grad_norm)
