@@ -17,7 +17,7 @@ from .errors import (
 from .ir import Graph, GraphBuilder, Node, TensorInfo
 from .losses import BCEWithLogitsLoss, CrossEntropyLoss, ILoss, L1Loss, MSELoss
 from .optimizers import SGD, Adam, AdamW, IOptimizer
-from .runtime import InferenceSession
+from .runtime import InferenceSession, TrainingSession
 
 __version__ = "0.1.0"
 
@@ -43,6 +43,7 @@ __all__ = [
     "ShapeError",
     "TensorInfo",
     "TrainingArtifact",
+    "TrainingSession",
     "UnsupportedError",
     "__version__",
     "convert",

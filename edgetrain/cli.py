@@ -17,6 +17,13 @@ def _check(args: argparse.Namespace) -> int:
     return 0 if report.derivable else 1
 
 
+def _inspect(args: argparse.Namespace) -> int:
+    from .describe import describe
+
+    print(describe(args.file))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="edgetrain", description="On-device training for ONNX models.")
     p.add_argument("--debug", action="store_true", help="show the full traceback on errors")
@@ -27,6 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("model", help="an ONNX inference model (.onnx)")
     c.add_argument("--batch-size", type=int, default=1, help="batch size to check shapes at (default 1)")
     c.set_defaults(run=_check)
+    i = sub.add_parser("inspect", help="what is in an artifact (.etrain) or checkpoint (.etck)")
+    i.add_argument("file", help="an artifact or checkpoint file")
+    i.set_defaults(run=_inspect)
     return p
 
 

@@ -107,6 +107,7 @@ class TrainingArtifact:
 
     graph: Graph  # the step; parameters and optimizer state are graph inputs
     inference: Graph  # the static inference graph, with the initial parameters
+    base: Graph  # the inference graph before shapes were fixed (symbolic batch kept): for run() and export
     parameters: list[str]  # trainable parameters (ONNX initializer names)
     state: list[str]  # optimizer state inputs
     initial: dict[str, np.ndarray]  # initial value of every parameter and state input
@@ -139,6 +140,12 @@ class TrainingArtifact:
         feeds = {**data, self.target: y, self.lr: np.asarray(lr_value, np.float32)}
         feeds.update(values if values is not None else self.initial)
         return feeds
+
+    def save(self, path) -> int:
+        """Writes the artifact (`.etrain`): planned program, inference graph, initial state; returns its size."""
+        from .artifact import save_artifact
+
+        return save_artifact(self, path)
 
     def training_onnx(self):
         """One training step as a standard ONNX model: parameters and optimizer state are graph inputs whose
@@ -194,15 +201,16 @@ def convert(
         )
     provenance: dict[str, Any] = {}
     if isinstance(model, Graph):  # an IR graph (numpy only): made static here
-        inference = make_static(model, batch_size=batch_size)
+        base = fold_constants(model, fold_shapes=False)
     else:
-        from .onnx_io import import_model, load_model
+        from .onnx_io import from_onnx, load_model
 
         proto = load_model(model)
         provenance["source_sha256"] = hashlib.sha256(proto.SerializeToString(deterministic=True)).hexdigest()
         if isinstance(model, (str, os.PathLike)):
             provenance["source"] = os.path.basename(os.fspath(model))
-        inference = import_model(proto, batch_size=batch_size)
+        base = fold_constants(from_onnx(proto), fold_shapes=False)
+    inference = make_static(base, batch_size=batch_size)
     inference.verify(static=True)
     prediction = output or inference.outputs[0]
     if prediction not in inference.outputs:
@@ -256,6 +264,7 @@ def convert(
     return TrainingArtifact(
         graph=graph,
         inference=inference,
+        base=base,
         parameters=params,
         state=list(ctx.state_inputs),
         initial=initial,

@@ -251,7 +251,12 @@ def to_onnx(
         )
     overridable = [n for n in inputs_with_defaults if n in graph.initializers]
     inits = [numpy_helper.from_array(np.asarray(v), k) for k, v in graph.initializers.items()]
-    internal = [_vi(graph, o) for n in graph.nodes for o in n.outputs if o and o not in graph.outputs]
+    internal = [
+        _vi(graph, o)
+        for n in graph.nodes
+        for o in n.outputs
+        if o and o not in graph.outputs and o in graph.values
+    ]
     g = helper.make_graph(
         nodes,
         graph.name,

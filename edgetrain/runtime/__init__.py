@@ -2,5 +2,6 @@
 
 from .interpreter import Interpreter, supported_ops
 from .session import InferenceSession, NodeArg
+from .training import TrainingSession
 
-__all__ = ["InferenceSession", "Interpreter", "NodeArg", "supported_ops"]
+__all__ = ["InferenceSession", "Interpreter", "NodeArg", "TrainingSession", "supported_ops"]

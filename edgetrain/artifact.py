@@ -1,0 +1,104 @@
+"""TrainingArtifact <-> one `.etrain` file (numpy only): the planned training program, the inference graph for
+run() and export, the initial parameters and optimizer state, the io and optimizer settings, provenance."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .errors import ArtifactError
+from .ir import Graph
+
+if TYPE_CHECKING:
+    from .convert import TrainingArtifact
+    from .memory import MemoryPlan
+
+IO_KEYS = ("data_inputs", "target", "lr", "loss", "outputs", "parameters", "state", "updates")
+
+
+def program_id(program: dict[str, Any], io: dict[str, Any]) -> str:
+    """What a checkpoint is bound to: a hash of the training program's structure and interface (not of the
+    weights), so a checkpoint of one model is refused by a session of another."""
+    blob = json.dumps({"program": program, "io": io}, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def save_artifact(art: TrainingArtifact, path: str | os.PathLike) -> int:
+    """Plans memory, serializes and writes the artifact atomically; returns the file size in bytes."""
+    from . import __version__
+    from .container import write_container
+    from .memory import plan_memory
+    from .serialize import graph_to_dict
+
+    program, plan = plan_memory(art.graph)
+    prog_dict, tensors = graph_to_dict(program)
+    base_dict, base_tensors = graph_to_dict(art.base)
+    for name, arr in base_tensors.items():
+        if name in tensors:
+            assert np.array_equal(tensors[name], arr), (
+                f"tensor '{name}' differs between program and base graph"
+            )
+        tensors.setdefault(name, arr)
+    for name, arr in art.initial.items():
+        tensors.setdefault(name, arr)
+        assert tensors[name] is arr or np.array_equal(tensors[name], arr), f"initial '{name}' differs"
+    io = {k: getattr(art, k) for k in IO_KEYS}
+    header = {
+        "edgetrain_version": __version__,
+        "program": prog_dict,
+        "program_id": program_id(prog_dict, io),
+        "plan": plan.to_dict(),
+        "base": base_dict,
+        "io": io,
+        "initial": list(art.initial),
+        "loss": art.loss_config,
+        "optimizer": art.optimizer_config,
+        "provenance": art.provenance,
+    }
+    return write_container(path, kind="artifact", header=header, tensors=tensors)
+
+
+@dataclass
+class LoadedArtifact:
+    """What a device needs from an artifact file, read with numpy alone (tensors are read-only memory maps)."""
+
+    path: str
+    header: dict[str, Any]
+    program: Graph
+    base: Graph
+    plan: MemoryPlan
+    initial: dict[str, np.ndarray]
+    tensors: dict[str, np.ndarray]
+
+    @property
+    def io(self) -> dict[str, Any]:
+        return self.header["io"]
+
+    @property
+    def program_id(self) -> str:
+        return self.header["program_id"]
+
+
+def load_artifact(path: str | os.PathLike, *, verify: bool = True) -> LoadedArtifact:
+    from .container import read_container
+    from .memory import MemoryPlan
+    from .serialize import graph_from_dict
+
+    header, tensors = read_container(path, kind="artifact", verify=verify)
+    try:
+        program = graph_from_dict(header["program"], tensors)
+        base = graph_from_dict(header["base"], tensors)
+        plan = MemoryPlan.from_dict(header["plan"])
+        initial = {name: tensors[name] for name in header["initial"]}
+        header["io"]  # noqa: B018  (present in every version)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ArtifactError(
+            f"'{path}' is an edgetrain artifact, but its header is incomplete or damaged "
+            f"({type(e).__name__}: {e}); rebuild it with `edgetrain convert`"
+        ) from e
+    return LoadedArtifact(os.fspath(path), header, program, base, plan, initial, tensors)
