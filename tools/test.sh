@@ -8,6 +8,16 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q -e ".[dev]"
+# PyTorch is an optional reference (tests/test_vs_torch.py). Pinned to the CPU build this kind of machine holds
+# locally; elsewhere an unpinned or unavailable torch would pull gigabytes of CUDA packages, so it is only
+# installed when the local wheel is there (or EDGETRAIN_TORCH=1 asks for it), and its tests skip otherwise.
+if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+  if ls /opt/wheels/torch-2.13.0*.whl >/dev/null 2>&1 || [ "${EDGETRAIN_TORCH:-0}" = 1 ]; then
+    .venv/bin/python -m pip install -q "torch==2.13.0"
+  else
+    echo "tools/test.sh: no local torch 2.13.0 wheel: the PyTorch comparison tests will be skipped" >&2
+  fi
+fi
 if [ -x .venv-np124/bin/python ] || "$PY" -m venv .venv-np124; then
   .venv-np124/bin/python -m pip install -q "numpy==1.24.4" && .venv-np124/bin/python -m pip install -q --no-deps -e . \
     && export EDGETRAIN_NUMPY124_PYTHON="$PWD/.venv-np124/bin/python"

@@ -1,0 +1,173 @@
+"""TrainingSession on artifact files: exact resume across processes, the same steps as onnxruntime running
+training_onnx(), artifact size and determinism, checkpoints refused for another model, export to onnxruntime."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from models import MODELS, batch_for
+
+import edgetrain as et
+
+BATCH = 8
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def make_artifact(tmp_path, model="lenet", *, name="model.etrain", **kw) -> tuple[et.TrainingArtifact, str]:
+    opts = dict(
+        loss=et.CrossEntropyLoss(),
+        optimizer=et.SGD(lr=0.05, momentum=0.9, weight_decay=5e-4),
+        batch_size=BATCH,
+    )
+    opts.update(kw)
+    art = et.convert(MODELS[model][0](), **opts)
+    path = str(tmp_path / name)
+    art.save(path)
+    return art, path
+
+
+def test_resume_in_a_new_process_is_bit_identical(tmp_path):
+    _, path = make_artifact(tmp_path)
+    x, y = batch_for("lenet", BATCH)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", y)
+    whole = et.TrainingSession(path)
+    for _ in range(6):
+        whole.train_step(x, y)
+    first = et.TrainingSession(path)
+    for _ in range(3):
+        first.train_step(x, y)
+    ckpt = tmp_path / "half.etck"
+    first.save_checkpoint(ckpt, user_state={"epoch": 1, "loader": {"position": 24, "seed": 7}})
+    script = textwrap.dedent(f"""
+        import sys, numpy as np
+        sys.modules["onnx"] = None  # the device side: no onnx
+        import edgetrain as et
+        s = et.TrainingSession({path!r})
+        state = s.load_checkpoint({str(ckpt)!r})
+        assert state == {{"epoch": 1, "loader": {{"position": 24, "seed": 7}}}}, state
+        assert s.step == 3
+        x, y = np.load({str(tmp_path / "x.npy")!r}), np.load({str(tmp_path / "y.npy")!r})
+        for _ in range(3):
+            s.train_step(x, y)
+        np.savez({str(tmp_path / "resumed.npz")!r}, **s.parameters())
+    """)
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, PYTHONPATH=ROOT),
+    )
+    assert proc.returncode == 0, proc.stderr
+    resumed = np.load(tmp_path / "resumed.npz")
+    for name, value in whole.parameters().items():
+        np.testing.assert_array_equal(resumed[name], value, err_msg=name)
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+def test_twenty_steps_follow_onnxruntime(tmp_path, model):
+    art, path = make_artifact(tmp_path, model)
+    x, y = batch_for(model, BATCH)
+    sess = et.TrainingSession(path)
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    ref = ort.InferenceSession(
+        art.training_onnx().SerializeToString(), so, providers=["CPUExecutionProvider"]
+    )
+    state = {k: np.array(v) for k, v in art.initial.items()}
+    names = [o.name for o in ref.get_outputs()]
+    for step in range(20):
+        feeds = {"input": x, art.target: y, art.lr: np.asarray(0.05, np.float32), **state}
+        out = dict(zip(names, ref.run(None, feeds)))
+        ours = sess.train_step(x, y)
+        assert ours == pytest.approx(float(out[art.loss]), rel=1e-4, abs=1e-6), f"step {step}"
+        state = {k: out[v] for k, v in art.updates.items()}
+    for name, value in sess.parameters().items():
+        np.testing.assert_allclose(
+            value, state[name], rtol=1e-4, atol=1e-5 * np.abs(state[name]).max(), err_msg=name
+        )
+
+
+def test_artifact_is_compact_and_deterministic(tmp_path, report):
+    for model in ("mlp", "lenet"):
+        art, path = make_artifact(tmp_path, model, name=f"{model}.etrain")
+        _, again = make_artifact(tmp_path, model, name=f"{model}_again.etrain")
+        with open(path, "rb") as f1, open(again, "rb") as f2:
+            assert f1.read() == f2.read(), "building the same model twice must give the same bytes"
+        params = sum(v.nbytes for v in art.inference.initializers.values() if v.dtype.kind == "f")
+        state = sum(art.initial[s].nbytes for s in art.state)
+        size = os.path.getsize(path)
+        assert size <= (params + state) * 1.02 + 16 * 1024, (size, params, state)
+        report(
+            "artifact size (batch 8, SGD momentum)",
+            f"{model:6s} file {size / 1024:8.1f} KiB  parameters {params / 1024:8.1f} KiB  "
+            f"optimizer state {state / 1024:8.1f} KiB  overhead {(size - params - state) / 1024:5.1f} KiB",
+        )
+
+
+def test_session_interface(tmp_path):
+    art, path = make_artifact(tmp_path, "resnet_tiny")
+    sess = et.TrainingSession(path)
+    x, y = batch_for("resnet_tiny", BATCH)
+    assert sess.lr == pytest.approx(0.05)
+    before = sess.parameters()
+    assert set(before) == set(art.parameters)
+    loss0, out0 = sess.evaluate(x, y)
+    assert out0.shape == (BATCH, 10)
+    np.testing.assert_allclose(sess.run(x), out0, rtol=1e-5, atol=1e-6)  # run = inference semantics
+    np.testing.assert_allclose(sess.run(x[:3]), out0[:3], rtol=1e-5, atol=1e-6)  # any batch size
+    assert sess.train_step(x, y) == pytest.approx(loss0, rel=1e-5)
+    assert sess.evaluate(x, y)[0] < loss0
+    sess.lr = 0.0  # a step with lr 0 changes no parameter (weight decay acts through lr too)
+    snapshot = sess.parameters()
+    sess.train_step(x, y)
+    for k, v in sess.parameters().items():
+        np.testing.assert_array_equal(v, snapshot[k])
+    sess.set_parameters(before)
+    assert sess.evaluate(x, y)[0] == pytest.approx(loss0, rel=1e-6)
+    with pytest.raises(et.FeedError, match="label 12 is out of range: the model has 10 classes"):
+        sess.train_step(x, np.full(BATCH, 12))
+    with pytest.raises(et.FeedError, match=r"'nope' is not a trainable parameter"):
+        sess.set_parameters({"nope": np.zeros(3)})
+    with pytest.raises(et.FeedError, match="shape"):
+        sess.set_parameters({"fc.bias": np.zeros(3, np.float32)})
+
+
+def test_checkpoint_of_another_model_is_refused(tmp_path):
+    _, lenet_path = make_artifact(tmp_path, "lenet", name="lenet.etrain")
+    _, mlp_path = make_artifact(tmp_path, "mlp", name="mlp.etrain")
+    ck = tmp_path / "mlp.etck"
+    et.TrainingSession(mlp_path).save_checkpoint(ck)
+    with pytest.raises(et.ArtifactError, match=r"belongs to another model.*mlp.etrain.*lenet.etrain"):
+        et.TrainingSession(lenet_path).load_checkpoint(ck)
+    with pytest.raises(et.ArtifactError, match="checkpoint"):
+        et.TrainingSession(ck)  # a checkpoint is not an artifact
+
+
+def test_export_runs_in_onnxruntime_like_run(tmp_path):
+    art, path = make_artifact(tmp_path, "depthwise_separable", trainable=["head.*", "pw.*"])
+    sess = et.TrainingSession(path)
+    x, y = batch_for("depthwise_separable", BATCH)
+    for _ in range(5):
+        sess.train_step(x, y)
+    out = tmp_path / "personalized.onnx"
+    sess.export_onnx(out)
+    model = onnx.load(out)
+    onnx.checker.check_model(model, full_check=True)
+    assert not [n for n in model.graph.node if n.domain], "no training ops in the export"
+    assert {i.name for i in model.graph.input} == {"input"}
+    got = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, {"input": x[:5]})[0]
+    np.testing.assert_allclose(got, sess.run(x[:5]), rtol=1e-5, atol=1e-6)
+    trained = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    np.testing.assert_array_equal(trained["head.weight"], sess.parameters()["head.weight"])
+    np.testing.assert_array_equal(
+        trained["conv1.weight"], art.initial.get("conv1.weight", art.inference.initializers["conv1.weight"])
+    )
