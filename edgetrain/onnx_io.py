@@ -189,6 +189,9 @@ def from_onnx(model: str | os.PathLike | bytes | onnx.ModelProto) -> Graph:
             continue
         inputs.append(vi.name)
         values[vi.name] = _value_info(vi)
+    for vi in g.output:  # declared output types (symbolic dims kept): export writes them back
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type and vi.name not in values:
+            values[vi.name] = _value_info(vi)
     graph = Graph(
         nodes=[],
         inputs=inputs,

@@ -58,7 +58,8 @@ def test_twenty_steps_follow_pytorch(tmp_path, model, trainable):
         loss.backward()
         opt.step()
         ours = sess.train_step(x, y)
-        assert ours == pytest.approx(loss.item(), rel=1e-4), f"{model} step {step}"
+        # abs: once a loss nears 0, float32 log-softmax (ours) against float64 (torch) is limited to ~1e-7
+        assert ours == pytest.approx(loss.item(), rel=1e-4, abs=1e-6), f"{model} step {step}"
     params = sess.parameters()
     for n, p in by_onnx.items():
         if n not in art.parameters:
