@@ -1,0 +1,125 @@
+"""A path (MNIST directory, idx pair, .npz, CSV) -> the right IDataView, recognised by content: open_data."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import zlib
+
+from .errors import DataError
+from .files import CsvDataView, NpzDataView, _is_number
+from .mnist import GZIP_MAGIC, MnistDataView, find_mnist_files, idx_header
+from .views import IDataView
+
+_SNIFF = 8192
+_DELIMITERS = (",", "\t", ";")
+
+
+def _head(path: str) -> tuple[bytes, bool]:
+    """The first bytes of a file, decompressed when it is gzip; and whether it was."""
+    with open(path, "rb") as f:
+        head = f.read(_SNIFF)
+    if head[:2] != GZIP_MAGIC:
+        return head, False
+    try:
+        with gzip.open(path, "rb") as f:
+            return f.read(_SNIFF), True
+    except (OSError, EOFError, zlib.error) as e:
+        raise DataError(f"{path}: a damaged gzip file ({e})", path) from e
+
+
+def _csv_delimiter(head: bytes) -> str | None:
+    """The delimiter when the start of the file reads as a numeric table (a header row allowed), else None."""
+    if b"\0" in head:
+        return None
+    try:
+        text = head.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        if e.start < len(head) - 4:  # a character cut at the end of the sniffed block is fine
+            return None
+        text = head[: e.start].decode("utf-8-sig")
+    lines = [ln for ln in text.splitlines()[:6] if ln.strip()]
+    if len(head) == _SNIFF and len(lines) > 1:
+        lines = lines[:-1]  # the last line may be cut short
+    for d in _DELIMITERS:
+        if any(d in ln and all(_is_number(c.strip().strip('"')) for c in ln.split(d)) for ln in lines):
+            return d
+    return None
+
+
+def _partner(path: str, ndim: int) -> str | None:
+    """The labels file next to an images file (or the reverse), by the MNIST naming."""
+    d, name = os.path.split(path)
+    pairs = [("images-idx3", "labels-idx1"), ("images.idx3", "labels.idx1")]
+    for a, b in pairs if ndim == 3 else [(b, a) for a, b in pairs]:
+        if a in name:
+            base = name.replace(a, b).removesuffix(".gz")
+            for cand in (base, base + ".gz"):
+                if os.path.isfile(os.path.join(d, cand)):
+                    return os.path.join(d, cand)
+    return None
+
+
+def _open_pair(paths, **kwargs) -> MnistDataView:
+    ndims = []
+    for p in map(os.fspath, paths):
+        parsed = idx_header(_head(p)[0]) if os.path.isfile(p) else None
+        if parsed is None:
+            raise DataError(f"{p}: not an idx file (open_data reads a pair of MNIST idx files)", p)
+        ndims.append(len(parsed[1]))
+    if sorted(ndims) != [1, 3]:
+        raise DataError(
+            f"{[os.fspath(p) for p in paths]}: need one images (3-D) and one labels (1-D) idx file, "
+            f"found {ndims} dimensions"
+        )
+    images, labels = paths if ndims[0] == 3 else paths[::-1]
+    return MnistDataView(images, labels, **kwargs)
+
+
+def open_data(path, **kwargs) -> IDataView:
+    """The view for `path`, recognised by its content (the extension alone decides nothing):
+
+    - a directory of MNIST idx files (split="train" or "test"), or a (images, labels) pair of idx files, or one
+      idx file whose partner sits next to it under the MNIST names -> MnistDataView
+    - a zip archive (.npz) -> NpzDataView;  a numeric CSV/TSV table, raw or gzip -> CsvDataView
+    Other keyword arguments go to the view (num_classes=, x_key=, label_column=, normalize=, ...).
+    """
+    if isinstance(path, (tuple, list)):
+        if len(path) != 2:
+            raise DataError(
+                f"open_data takes a path or a pair of idx paths (images, labels), got {len(path)} paths"
+            )
+        return _open_pair(path, **kwargs)
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        images, labels = find_mnist_files(path, kwargs.pop("split", "train"))
+        return MnistDataView(images, labels, **kwargs)
+    if not os.path.isfile(path):
+        raise DataError(f"{path}: no such file or directory", path)
+    head, compressed = _head(path)
+    if head[:4] in (b"PK\x03\x04", b"PK\x05\x06") and not compressed:
+        return NpzDataView(path, **kwargs)
+    parsed = idx_header(head)
+    if parsed is not None:
+        ndim = len(parsed[1])
+        other = _partner(path, ndim) if ndim in (1, 3) else None
+        if other is None:
+            raise DataError(
+                f"{path}: an idx file of {ndim} dimension(s) alone; open_data needs the MNIST images and labels: "
+                f"pass the pair (images, labels) or their directory",
+                path,
+            )
+        return _open_pair((path, other), **kwargs)
+    if head[:6] == b"\x93NUMPY":
+        raise DataError(f"{path}: one .npy array; save x and y together with np.savez(path, x=x, y=y)", path)
+    delimiter = _csv_delimiter(head)
+    if delimiter is not None:
+        kwargs.setdefault("delimiter", delimiter)
+        return CsvDataView(path, **kwargs)
+    shown = " ".join(f"{b:02x}" for b in head[:8]) or "nothing (empty file)"
+    raise DataError(
+        f"{path}: unrecognised data (starts with {shown}{', gzip-compressed' if compressed else ''}); open_data "
+        f"reads MNIST idx files (raw or .gz, a directory or an images/labels pair), .npz archives and numeric "
+        f"CSV tables",
+        path,
+    )

@@ -1,0 +1,192 @@
+"""An .npz archive or a numeric CSV file -> NpzDataView / CsvDataView (array-backed views, read whole)."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import os
+import zipfile
+import zlib
+
+import numpy as np
+
+from .errors import DataError
+from .mnist import GZIP_MAGIC
+from .views import ArrayDataView
+
+
+def _float_dtype_or_none(dtype) -> np.dtype | None:
+    return None if dtype is None else np.dtype(dtype)
+
+
+class NpzDataView(ArrayDataView):
+    """x = archive[x_key] (cast to `dtype`, float32 by default; None keeps it), y = archive[y_key] (integers
+    become int64 class labels, floats are cast to `dtype`). Never unpickles: object arrays are refused."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        x_key: str = "x",
+        y_key: str = "y",
+        *,
+        dtype=np.float32,
+        num_classes: int | None = None,
+    ):
+        path = os.fspath(path)
+        if not os.path.isfile(path):
+            raise DataError(f"{path}: no such file", path)
+        dt = _float_dtype_or_none(dtype)
+        try:
+            archive = np.load(path, allow_pickle=False)
+            if not isinstance(archive, np.lib.npyio.NpzFile):
+                raise DataError(
+                    f"{path}: one .npy array, not an .npz archive (np.savez(path, x=x, y=y) is)", path
+                )
+            with archive:
+                keys = sorted(archive.files)
+                missing = [k for k in (x_key, y_key) if k not in keys]
+                if missing:
+                    raise DataError(
+                        f"{path}: no array named {' or '.join(map(repr, missing))}; the archive holds {keys} "
+                        f"(choose with x_key= and y_key=)",
+                        path,
+                    )
+                x, y = archive[x_key], archive[y_key]
+        except DataError:
+            raise
+        except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+            # allow_pickle=False turns object arrays and pickles into ValueError; a cut zip into BadZipFile
+            raise DataError(f"{path}: cannot read as an .npz archive of numeric arrays ({e})", path) from e
+        if x.dtype.kind not in "biuf" or y.dtype.kind not in "biuf":
+            raise DataError(
+                f"{path}: {x_key} ({x.dtype}) and {y_key} ({y.dtype}) must be numeric arrays", path
+            )
+        if dt is not None:
+            x = x.astype(dt, copy=False)
+            if y.dtype.kind == "f":
+                y = y.astype(dt, copy=False)
+        super().__init__(x, y, num_classes=num_classes, source=path)
+
+
+def read_text(path: str) -> str:
+    """The text of a file, gzip-compressed or not (recognised by content), a UTF-8 byte order mark dropped."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+        if raw[:2] == GZIP_MAGIC:
+            raw = gzip.decompress(raw)
+        return raw.decode("utf-8-sig")
+    except (OSError, EOFError, zlib.error) as e:
+        raise DataError(f"{path}: cannot read ({e})", path) from e
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not a text file (not UTF-8 at byte {e.start})", path) from e
+
+
+def _is_number(cell: str) -> bool:
+    try:
+        float(cell)
+    except ValueError:
+        return False
+    return True
+
+
+class CsvDataView(ArrayDataView):
+    """A CSV file of numbers (optionally gzip-compressed): one sample per row, the label in `label_column`.
+
+    label_column: an index (negative counts from the end; -1 is the last column) or a header name.
+    header: "auto" (the first row is a header when any of its cells is not a number), True or False.
+    x: the other columns as `dtype` (float32). y: int64 class labels when every label is a whole number
+    (label_dtype="auto"), else floats of `dtype`; label_dtype= forces one. Errors name the row (data rows
+    counted from 1), the file line and the column of a bad cell. `columns` holds the header names (or None).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        label_column: int | str = -1,
+        header: bool | str = "auto",
+        dtype=np.float32,
+        *,
+        delimiter: str = ",",
+        label_dtype="auto",
+        num_classes: int | None = None,
+    ):
+        path = os.fspath(path)
+        if not os.path.isfile(path):
+            raise DataError(f"{path}: no such file", path)
+        if header not in ("auto", True, False):
+            raise ValueError(f"header must be 'auto', True or False, got {header!r}")
+        numbered = [(i + 1, ln) for i, ln in enumerate(read_text(path).splitlines()) if ln.strip()]
+        if not numbered:
+            raise DataError(f"{path}: empty dataset (the file has no rows)", path)
+        first = _cells(numbered[0][1], delimiter)
+        has_header = header is True or (header == "auto" and not all(_is_number(c) for c in first))
+        self.columns = first if has_header else None
+        rows = numbered[1:] if has_header else numbered
+        if not rows:
+            raise DataError(f"{path}: empty dataset (a header row {first} and no data rows)", path)
+        ncols = len(first)
+        if ncols < 2:
+            raise DataError(
+                f"{path}: {ncols} column; need at least one feature column and a label column", path
+            )
+        col = self._label_index(path, label_column, ncols)
+        data = _parse(path, rows, ncols, delimiter, self.columns)
+        labels = data[:, col]
+        x = np.delete(data, col, axis=1).astype(dtype)
+        if label_dtype == "auto":
+            whole = bool(np.isfinite(labels).all() and (labels == np.round(labels)).all())
+            y = labels.astype(np.int64) if whole else labels.astype(dtype)
+        else:
+            y = labels.astype(label_dtype)
+        self.label_column = col
+        super().__init__(x, y, num_classes=num_classes, source=path)
+
+    def _label_index(self, path: str, label_column: int | str, ncols: int) -> int:
+        if isinstance(label_column, str):
+            if self.columns is None:
+                raise DataError(
+                    f"{path}: label column {label_column!r} named, but the file has no header row", path
+                )
+            names = [c.strip() for c in self.columns]
+            if label_column not in names:
+                raise DataError(f"{path}: no column named {label_column!r}; the header has {names}", path)
+            return names.index(label_column)
+        if not -ncols <= int(label_column) < ncols:
+            raise DataError(f"{path}: label column {label_column} out of range for {ncols} columns", path)
+        return int(label_column) % ncols
+
+
+def _cells(line: str, delimiter: str) -> list[str]:
+    return [c.strip() for c in next(csv.reader([line], delimiter=delimiter))]
+
+
+def _parse(path: str, rows: list[tuple[int, str]], ncols: int, delimiter: str, names) -> np.ndarray:
+    # fast path: numpy's C parser; when it refuses, a Python pass finds the row and column to blame
+    try:
+        data = np.loadtxt(
+            io.StringIO("\n".join(ln for _, ln in rows)),
+            delimiter=delimiter,
+            dtype=np.float64,
+            ndmin=2,
+            comments=None,
+            quotechar='"',
+        )
+        if data.shape == (len(rows), ncols):
+            return data
+        why = f"numpy read a {data.shape[0]} x {data.shape[1]} table"
+    except ValueError as e:
+        why = str(e)
+    for r, (lineno, line) in enumerate(rows, 1):
+        cells = _cells(line, delimiter)
+        if len(cells) != ncols:
+            raise DataError(
+                f"{path}: row {r} (line {lineno}) has {len(cells)} cells, the first row {ncols}", path
+            )
+        for j, cell in enumerate(cells):
+            if not _is_number(cell):
+                name = f" ({names[j]!r})" if names else ""
+                what = "an empty cell" if cell == "" else f"{cell!r} is not a number"
+                raise DataError(f"{path}: row {r} (line {lineno}), column {j + 1}{name}: {what}", path)
+    raise DataError(f"{path}: cannot read as a numeric CSV table ({why})", path)

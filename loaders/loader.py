@@ -1,0 +1,139 @@
+"""An IDataView -> batches (X, Y) in a deterministic, resumable order: DataLoader."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import numpy as np
+
+from .errors import DataError
+from .views import IDataView
+
+Transform = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
+_STATE_KEYS = ("epoch", "position", "seed", "shuffle", "size")
+
+
+class DataLoader:
+    """Batches of a view: X stacked as the view gives it (float32 for the readers), Y int64 for class labels.
+
+    Shuffling draws a fresh permutation per epoch from (seed, epoch) with numpy's Generator, so a run is
+    repeatable from its seed (for a given numpy version). The loader is stateful, like MegEngine's: `next()`
+    returns the next batch and rolls over into the next epoch by itself; `for X, Y in loader` runs what is
+    left of the current epoch (all of it unless stopped or restored mid-epoch). `state()` is a JSON-able dict;
+    `restore(state)` makes the next batch exactly the one that would have come next.
+    """
+
+    def __init__(
+        self,
+        view: IDataView,
+        batch_size: int,
+        shuffle: bool = False,
+        seed: int | None = None,
+        drop_last: bool = False,
+        transform: Transform | None = None,
+    ):
+        if int(batch_size) != batch_size or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        n = view.size()
+        if n == 0:
+            raise DataError(f"{view.source}: empty dataset (0 samples), nothing to load", view.source)
+        if drop_last and n < batch_size:
+            raise DataError(
+                f"{view.source}: {n} samples make no full batch of {batch_size} and drop_last=True drops it",
+                view.source,
+            )
+        self.view, self.batch_size = view, int(batch_size)
+        self.shuffle, self.drop_last, self.transform = bool(shuffle), bool(drop_last), transform
+        # without a seed, pick one now so that state() can still reproduce the run
+        self.seed = int(np.random.default_rng().integers(2**62)) if seed is None else int(seed)
+        self._n = n
+        self._epoch, self._pos = 0, 0
+        self._order_epoch, self._order = -1, None
+
+    # -- the order ---------------------------------------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        """The epoch the next batch belongs to (0-based)."""
+        return self._epoch
+
+    def __len__(self) -> int:
+        """Batches per epoch."""
+        return self._n // self.batch_size if self.drop_last else -(-self._n // self.batch_size)
+
+    def _epoch_order(self) -> np.ndarray:
+        if self._order_epoch != self._epoch:
+            if self.shuffle:
+                self._order = np.random.default_rng([self.seed, self._epoch]).permutation(self._n)
+            else:
+                self._order = np.arange(self._n)
+            self._order_epoch = self._epoch
+        return self._order
+
+    def _epoch_done(self) -> bool:
+        left = self._n - self._pos
+        return left <= 0 or (self.drop_last and left < self.batch_size)
+
+    # -- batches ------------------------------------------------------------------------------------------
+    def _batch(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        x, y = self.view.get_batch(indices)
+        if self.transform is not None:
+            pairs = [self.transform(x[i], y[i, ...]) for i in range(len(indices))]
+            x, y = np.stack([p[0] for p in pairs]), np.stack([np.asarray(p[1]) for p in pairs])
+        if y.dtype.kind in "biu":
+            y = y.astype(np.int64, copy=False)
+        return x, y
+
+    def next(self) -> tuple[np.ndarray, np.ndarray]:
+        """The next batch (X, Y); after an epoch's last batch the next call starts the following epoch."""
+        if self._epoch_done():  # never after next() or restore(), which roll over eagerly; kept as a guard
+            self._epoch, self._pos = self._epoch + 1, 0
+        indices = self._epoch_order()[self._pos : self._pos + self.batch_size]
+        batch = self._batch(indices)
+        # advance before handing the batch out, so state() now points at the batch after this one
+        self._pos += len(indices)
+        if self._epoch_done():
+            self._epoch, self._pos = self._epoch + 1, 0
+        return batch
+
+    __next__ = next
+
+    def __iter__(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """The rest of the current epoch, batch by batch (the whole epoch when it has not started)."""
+        epoch = self._epoch
+        while self._epoch == epoch:  # next() moves to the following epoch right after an epoch's last batch
+            yield self.next()
+
+    # -- resuming -----------------------------------------------------------------------------------------
+    def state(self) -> dict:
+        """Where the loader stands, as JSON values: epoch, position (samples of this epoch already given out),
+        seed, and shuffle and size to check on restore that the state fits this loader."""
+        return {
+            "epoch": self._epoch,
+            "position": self._pos,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "size": self._n,
+        }
+
+    def restore(self, state: dict) -> None:
+        """Continue from a state() so that the next batch is the one that came next when it was taken."""
+        missing = [k for k in _STATE_KEYS if k not in state]
+        if missing:
+            raise ValueError(f"loader state lacks {missing}; a DataLoader.state() has {list(_STATE_KEYS)}")
+        if int(state["size"]) != self._n:
+            raise ValueError(
+                f"loader state is for a dataset of {state['size']} samples, this one has {self._n}"
+            )
+        if bool(state["shuffle"]) != self.shuffle:
+            raise ValueError(
+                f"loader state has shuffle={state['shuffle']}, this loader shuffle={self.shuffle}"
+            )
+        epoch, pos = int(state["epoch"]), int(state["position"])
+        if epoch < 0 or not 0 <= pos <= self._n:
+            raise ValueError(
+                f"loader state has epoch {epoch}, position {pos}: out of range for {self._n} samples"
+            )
+        self.seed, self._epoch, self._pos = int(state["seed"]), epoch, pos
+        self._order_epoch = -1
+        if self._epoch_done():  # e.g. a state taken by a loader with another batch size or drop_last
+            self._epoch, self._pos = self._epoch + 1, 0

@@ -1,0 +1,167 @@
+"""Arrays or another view -> IDataView samples (x, y): ArrayDataView, SubsetView, split, check_labels."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+
+import numpy as np
+
+from .errors import DataError
+
+
+class IDataView(abc.ABC):
+    """A random-access dataset, as MegEngine's on-device training defines it: get_item(idx) -> (x, y), size().
+
+    x is one sample as a numpy array; y is its label, an int64 scalar array for classes or a float array for
+    regression. `source` names where the data came from (a path), for error messages.
+    """
+
+    source: str = "<data view>"
+
+    @abc.abstractmethod
+    def get_item(self, idx: int) -> tuple[np.ndarray, np.ndarray]:
+        """Sample `idx` (0 <= idx < size()) as (x, y)."""
+
+    @abc.abstractmethod
+    def size(self) -> int:
+        """Number of samples."""
+
+    def get_batch(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Samples `indices` stacked on a new first axis. Views backed by arrays override this with one take."""
+        items = [self.get_item(int(i)) for i in indices]
+        return np.stack([x for x, _ in items]), np.stack([y for _, y in items])
+
+    def labels(self) -> np.ndarray:
+        """Every label, stacked (used by check_labels); array-backed views return them without a loop."""
+        return np.stack([self.get_item(i)[1] for i in range(self.size())])
+
+    def __getitem__(self, idx: int) -> tuple[np.ndarray, np.ndarray]:
+        n = self.size()
+        i = int(idx)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"index {idx} out of range for {self.source} of {n} samples")
+        return self.get_item(i)
+
+    def __len__(self) -> int:
+        return self.size()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.source!r}, {self.size()} samples)"
+
+
+def _labels_array(y: np.ndarray) -> np.ndarray:
+    # class labels travel as int64 whatever integer type the file used; float targets stay as they are
+    if y.dtype.kind in "biu":
+        return y.astype(np.int64, copy=False)
+    if y.dtype.kind != "f":
+        raise DataError(f"labels of dtype {y.dtype} are not numbers (need integer class labels or floats)")
+    return y
+
+
+class ArrayDataView(IDataView):
+    """Samples from two arrays: x[i] and y[i] (x of shape [n, ...], y of shape [n] or [n, ...]).
+
+    Integer labels become int64. A batch is one np.take on each array. `num_classes` checks the labels.
+    """
+
+    def __init__(self, x, y, *, num_classes: int | None = None, source: str = "<arrays>"):
+        x, y = np.asarray(x), np.asarray(y)
+        self.source = source
+        if x.ndim == 0 or y.ndim == 0:
+            raise DataError(
+                f"{source}: x and y need a first (sample) axis; got shapes {x.shape} and {y.shape}", source
+            )
+        if x.shape[0] != y.shape[0]:
+            raise DataError(f"{source}: {x.shape[0]} samples in x but {y.shape[0]} labels in y", source)
+        if x.shape[0] == 0:
+            raise DataError(f"{source}: empty dataset (0 samples)", source)
+        self.x, self.y = x, _labels_array(y)
+        if num_classes is not None:
+            check_labels(self, num_classes)
+
+    def get_item(self, idx: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.x[idx], self.y[idx, ...]
+
+    def size(self) -> int:
+        return int(self.x.shape[0])
+
+    def get_batch(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return np.take(self.x, indices, axis=0), np.take(self.y, indices, axis=0)
+
+    def labels(self) -> np.ndarray:
+        return self.y
+
+
+class SubsetView(IDataView):
+    """The samples of `view` at `indices`, in that order (sample i of the subset is view[indices[i]])."""
+
+    def __init__(self, view: IDataView, indices):
+        idx = np.asarray(indices)
+        if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
+            raise ValueError(
+                f"SubsetView indices must be a 1-D sequence of integers, got {idx.dtype} {idx.shape}"
+            )
+        idx = idx.astype(np.intp, copy=False)
+        n = view.size()
+        if idx.size and (idx.min() < 0 or idx.max() >= n):
+            bad = idx[(idx < 0) | (idx >= n)][0]
+            raise ValueError(f"SubsetView index {bad} out of range for {view.source} of {n} samples")
+        self.view, self.indices = view, idx
+        self.source = f"{view.source}[subset of {idx.size}]"
+
+    def get_item(self, idx: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.view.get_item(int(self.indices[idx]))
+
+    def size(self) -> int:
+        return int(self.indices.size)
+
+    def get_batch(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self.view.get_batch(self.indices[indices])
+
+    def labels(self) -> np.ndarray:
+        return np.take(self.view.labels(), self.indices, axis=0)
+
+
+def split(view: IDataView, fractions: Sequence[float] = (0.8, 0.2), seed: int | None = 0) -> list[SubsetView]:
+    """Disjoint SubsetViews covering `view`, sized by `fractions` (which add up to 1).
+
+    The samples are shuffled by `seed` first (the same seed gives the same split); seed=None splits in order.
+    Each part keeps its samples in ascending index order (sequential reads of memory-mapped files).
+    """
+    fr = np.asarray(fractions, dtype=np.float64)
+    if fr.ndim != 1 or fr.size == 0 or (fr <= 0).any() or abs(fr.sum() - 1.0) > 1e-6:
+        raise ValueError(f"split fractions must be positive and add up to 1, got {tuple(fractions)}")
+    n = view.size()
+    order = np.arange(n) if seed is None else np.random.default_rng(seed).permutation(n)
+    bounds = np.rint(np.cumsum(fr) * n).astype(np.int64)
+    bounds[-1] = n
+    starts = np.concatenate([[0], bounds[:-1]])
+    sizes = bounds - starts
+    if (sizes == 0).any():
+        raise DataError(
+            f"{view.source}: splitting {n} samples by {tuple(fractions)} leaves a part empty "
+            f"(sizes {sizes.tolist()})"
+        )
+    return [SubsetView(view, np.sort(order[a:b])) for a, b in zip(starts, bounds)]
+
+
+def check_labels(view: IDataView, num_classes: int) -> None:
+    """Raise DataError unless every label of `view` is an integer class in [0, num_classes)."""
+    y = np.asarray(view.labels())
+    if y.dtype.kind not in "biu":
+        raise DataError(
+            f"{view.source}: labels are {y.dtype}, not integer classes (num_classes={num_classes})"
+        )
+    if y.ndim != 1:
+        raise DataError(f"{view.source}: class labels must be one integer per sample, got shape {y.shape}")
+    bad = np.flatnonzero((y < 0) | (y >= num_classes))
+    if bad.size:
+        i = int(bad[0])
+        raise DataError(
+            f"{view.source}: label {int(y[i])} of sample {i} is out of range for num_classes={num_classes} "
+            f"(labels span {int(y.min())}..{int(y.max())}; {bad.size} out of range)",
+            view.source,
+        )
