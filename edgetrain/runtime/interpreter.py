@@ -2,32 +2,43 @@
 
 Compiling resolves each node's kernel, checks its attributes against the kernel's signature, numbers the values
 into slots, and computes when each value dies, so that the loop in `run` is a few lines: fetch inputs by slot,
-call the kernel, store outputs, drop dead values.
+call the kernel, store outputs, drop dead values. Under a memory plan (edgetrain.memory), compiling also gives each
+planned value its view of one arena, so that the loop allocates nothing but the graph's outputs.
 """
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import EdgeTrainError, ExecutionError, FeedError, UnsupportedError
+from ..errors import EdgeTrainError, ExecutionError, FeedError, ModelError, UnsupportedError
 from ..ir import Graph, Node, TensorInfo
 from .kernels import KERNELS
+
+if TYPE_CHECKING:
+    from ..memory import MemoryPlan
 
 
 @dataclass(frozen=True)
 class Step:
     fn: Callable[..., Any]
-    ins: tuple[int, ...]  # slots; -1 for an omitted optional input
+    ins: tuple[int, ...]  # slots; an omitted optional input reads the slot that always holds None
     outs: tuple[int, ...]  # slots; -1 for an omitted optional output
-    kwargs: dict[str, Any]  # attributes (and noutputs) for the kernel
-    out_buffer: int  # slot of the first output when the kernel writes into a preallocated buffer, else -1
+    kwargs: dict[str, Any]  # attributes (and noutputs, and out= when the kernel writes into a buffer of ours)
+    dests: tuple[np.ndarray | None, ...]  # per output: the buffer its value must end up in, or None
     free: tuple[int, ...]  # slots whose last reader is this step
     node: Node
+
+
+def schedule_digest(graph: Graph) -> str:
+    """A fingerprint of the node order: a memory plan's offsets are valid for the schedule they were made for."""
+    text = "\n".join(f"{n.op_type}:{','.join(n.inputs)}>{','.join(n.outputs)}" for n in graph.nodes)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def supported_ops() -> list[str]:
@@ -72,60 +83,85 @@ def _compile_step(node: Node) -> tuple[Callable[..., Any], dict[str, Any]]:
 
 
 class Interpreter:
-    """Runs one graph. Values with static shapes whose kernel writes in place get a buffer allocated once and
-    reused on every run (no allocation in steady state); graph outputs are always fresh arrays."""
+    """Runs one graph.
 
-    def __init__(self, graph: Graph, *, preallocate: bool = True):
+    With a memory plan (edgetrain.memory.plan_memory, whose graph this must be), every planned value is a view
+    into one arena allocated here: kernels that take out= write there, the others' results are copied there.
+    Graph outputs are outside the arena: their kernels allocate them on each run, and the caller owns them.
+    Without a plan, values with static shapes whose kernel writes in place get a buffer of their own, allocated
+    once and reused on every run (no allocation in steady state). Either way, the caller never receives an array
+    that a later run overwrites."""
+
+    def __init__(self, graph: Graph, *, preallocate: bool = True, plan: MemoryPlan | None = None):
         self.graph = graph
+        self.plan = plan
+        self.arena: np.ndarray | None = None  # under a plan: the bytes every planned value lives in
         names = list(graph.inputs) + list(graph.initializers)
         for n in graph.nodes:
             names.extend(o for o in n.outputs if o)
         self.slot = {name: k for k, name in enumerate(dict.fromkeys(names))}
         self._names = list(self.slot)
         self.n_slots = len(self.slot)
+        none_slot = self.n_slots  # env has one more slot, never written: omitted inputs read None from it
         keep = set(graph.outputs) | set(graph.initializers) | set(graph.inputs)
         last_use: dict[int, int] = {}
         for idx, n in enumerate(graph.nodes):
             for i in n.inputs:
                 if i:
                     last_use[self.slot[i]] = idx
+        # ids of the arrays a caller must never receive uncopied: constants, the arena, our buffers
+        self._protected: set[int] = {id(_root(v)) for v in graph.initializers.values()}
+        buffers = self._arena_views(plan) if plan is not None else {}
         steps = []
         for idx, n in enumerate(graph.nodes):
             fn, kwargs = _compile_step(n)
-            ins = tuple(self.slot[i] if i else -1 for i in n.inputs)
+            writes_out = KERNELS[n.op_type].writes_out
+            ins = tuple(self.slot[i] if i else none_slot for i in n.inputs)
             outs = tuple(self.slot[o] if o else -1 for o in n.outputs)
             # A value nobody reads dies at once; one that is read dies after its last reader.
-            free = {s for s in ins if s >= 0 and last_use.get(s) == idx}
+            free = {s for s in ins if s != none_slot and last_use.get(s) == idx}
             free |= {s for s in outs if s >= 0 and s not in last_use}
             free = tuple(sorted(s for s in free if self._name(s) not in keep))
-            buf = -1
-            if (
-                preallocate
-                and outs
-                and outs[0] >= 0
-                and n.outputs[0] not in keep
-                and KERNELS[n.op_type].writes_out
-                and graph.values.get(n.outputs[0], _NO).is_static
-            ):
-                buf = outs[0]
-            steps.append(Step(fn, ins, outs, kwargs, buf, free, n))
+            first = n.outputs[0] if n.outputs else ""
+            if plan is None and preallocate and writes_out and first and first not in keep:
+                info = graph.values.get(first, _NO)
+                if info.is_static:
+                    buffers[first] = b = np.empty(info.shape, info.dtype)
+                    self._protected.add(id(b))
+            dests = tuple(buffers.get(o) if o else None for o in n.outputs)
+            if writes_out and dests and dests[0] is not None:
+                kwargs["out"] = dests[0]
+            steps.append(Step(fn, ins, outs, kwargs, dests, free, n))
         self.steps = steps
-        self._buffers: dict[int, np.ndarray] = {}
         self._consts = [(self.slot[k], v) for k, v in graph.initializers.items()]
         self._in_slots = [(name, self.slot[name]) for name in graph.inputs]
-        # ids of the arrays a caller must never receive uncopied: constants, and the buffers below
-        self._protected: set[int] = {id(_root(v)) for v in graph.initializers.values()}
+
+    def _arena_views(self, plan: MemoryPlan) -> dict[str, np.ndarray]:
+        """One aligned byte arena, and a view into it for every planned value."""
+        g = self.graph
+        if plan.order_digest and plan.order_digest != schedule_digest(g):
+            raise ModelError(
+                "the memory plan was made for another node order than this graph's; run the graph that "
+                "plan_memory returned with it"
+            )
+        raw = np.empty(plan.arena_size + plan.alignment, np.uint8)
+        self._protected.add(id(raw))
+        shift = -raw.ctypes.data % plan.alignment
+        arena = raw[shift : shift + plan.arena_size]
+        views = {}
+        for name, off in plan.offsets.items():
+            info = g.values.get(name)
+            if info is None or not info.is_static or name not in self.slot:
+                raise ModelError(f"the memory plan places '{name}', which this graph does not compute")
+            size = int(np.prod(info.shape, dtype=np.int64)) * np.dtype(info.dtype).itemsize
+            if off % plan.alignment or off + size > plan.arena_size:
+                raise ModelError(f"the memory plan places '{name}' ({size} bytes) outside its arena at {off}")
+            views[name] = arena[off : off + size].view(info.dtype).reshape(info.shape)
+        self.arena = arena
+        return views
 
     def _name(self, s: int) -> str:
         return self._names[s]
-
-    def _buffer(self, s: int) -> np.ndarray:
-        b = self._buffers.get(s)
-        if b is None:
-            info = self.graph.values[self._name(s)]
-            b = self._buffers[s] = np.empty(info.shape, info.dtype)
-            self._protected.add(id(b))
-        return b
 
     def run(
         self,
@@ -135,18 +171,30 @@ class Interpreter:
     ) -> list[np.ndarray]:
         """Runs the graph on feeds (already checked) and returns the requested outputs (all by default).
         record, when given, receives the dtype and shape of every value computed (used by shape inference)."""
-        env: list[Any] = [None] * self.n_slots
+        env: list[Any] = [None] * (self.n_slots + 1)
         for s, v in self._consts:
             env[s] = v
         for name, s in self._in_slots:
             env[s] = feeds[name]
         for st in self.steps:
-            args = [env[s] if s >= 0 else None for s in st.ins]
+            args = [env[s] for s in st.ins]
             try:
-                if st.out_buffer >= 0:
-                    res = st.fn(*args, out=self._buffer(st.out_buffer), **st.kwargs)
+                res = st.fn(*args, **st.kwargs)
+                if len(st.outs) == 1:
+                    d = st.dests[0]
+                    if d is not None and res is not d:  # a kernel without out=: into the planned buffer
+                        np.copyto(d, res)
+                        res = d
+                    env[st.outs[0]] = res
                 else:
-                    res = st.fn(*args, **st.kwargs)
+                    if not isinstance(res, tuple):
+                        res = (res,)
+                    for s, d, r in zip(st.outs, st.dests, res):
+                        if d is not None and r is not d:
+                            np.copyto(d, r)
+                            r = d
+                        if s >= 0:
+                            env[s] = r
             except EdgeTrainError as e:
                 raise type(e)(f"{st.node.label}: {e}") from e
             except Exception as e:  # a kernel failure on inputs it cannot handle: say where, with the shapes
@@ -154,14 +202,6 @@ class Interpreter:
                 raise ExecutionError(
                     f"{st.node.label} failed on inputs ({shapes}): {type(e).__name__}: {e}"
                 ) from e
-            if len(st.outs) == 1:
-                env[st.outs[0]] = res
-            else:
-                if not isinstance(res, tuple):
-                    res = (res,)
-                for s, r in zip(st.outs, res):
-                    if s >= 0:
-                        env[s] = r
             if record is not None:
                 for o, s in zip(st.node.outputs, st.outs):
                     if s >= 0 and env[s] is not None:
@@ -172,8 +212,8 @@ class Interpreter:
         return [self._detached(env[self.slot[name]]) for name in wanted]
 
     def _detached(self, r: np.ndarray) -> np.ndarray:
-        """A result that is (a view of) a reused buffer or a constant (a Reshape of a Conv output, say) is
-        copied, so that the caller's arrays never change under it, nor ours under the caller."""
+        """A result that is (a view of) a reused buffer, the arena or a constant (a Reshape of a Conv output,
+        say) is copied, so that the caller's arrays never change under it, nor ours under the caller."""
         return r.copy() if id(_root(r)) in self._protected else r
 
 

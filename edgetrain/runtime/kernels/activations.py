@@ -176,7 +176,7 @@ def erf(x: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
 # activations
 
 
-@kernel("Relu")
+@kernel("Relu", inplace=True)
 def relu(x: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
     return _arr(np.maximum(x, 0, out=out))
 
@@ -208,7 +208,7 @@ def sigmoid(x: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
     return _chunked(_sigmoid_body, x, out)
 
 
-@kernel("Tanh")
+@kernel("Tanh", inplace=True)
 def tanh(x: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
     return _unary(np.tanh, x, out)
 

@@ -40,17 +40,17 @@ def _binary(op: str, f: Callable, a: np.ndarray, b: np.ndarray, out: np.ndarray 
 # binary arithmetic
 
 
-@kernel("Add")
+@kernel("Add", inplace=True)
 def add(a: np.ndarray, b: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
     return _binary("Add", np.add, a, b, out)
 
 
-@kernel("Sub")
+@kernel("Sub", inplace=True)
 def sub(a: np.ndarray, b: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
     return _binary("Sub", np.subtract, a, b, out)
 
 
-@kernel("Mul")
+@kernel("Mul", inplace=True)
 def mul(a: np.ndarray, b: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
     return _binary("Mul", np.multiply, a, b, out)
 
@@ -60,7 +60,7 @@ def _no_zero_divisor(op: str, b: np.ndarray) -> None:
         raise ExecutionError(f"{op}: integer division by zero (the divisor B has a zero element)")
 
 
-@kernel("Div")
+@kernel("Div", inplace=(0,))
 def div(a: np.ndarray, b: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
     if a.dtype.kind == "f":
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -74,7 +74,7 @@ def div(a: np.ndarray, b: np.ndarray, *, out: np.ndarray | None = None) -> np.nd
     return np.floor_divide(q, b, out=q)
 
 
-@kernel("Mod")
+@kernel("Mod", inplace=True)
 def mod(a: np.ndarray, b: np.ndarray, *, fmod: int = 0, out: np.ndarray | None = None) -> np.ndarray:
     if fmod not in (0, 1):
         raise UnsupportedError(
@@ -153,22 +153,22 @@ def _variadic(op: str, f: Callable, xs: tuple[np.ndarray, ...], out: np.ndarray 
     return out
 
 
-@kernel("Sum")
+@kernel("Sum", inplace=(0, 1))
 def sum_(x: np.ndarray, *xs: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     return _variadic("Sum", np.add, (x, *xs), out)
 
 
-@kernel("Max")
+@kernel("Max", inplace=(0, 1))
 def max_(x: np.ndarray, *xs: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     return _variadic("Max", np.maximum, (x, *xs), out)  # NaN propagates, as onnxruntime
 
 
-@kernel("Min")
+@kernel("Min", inplace=(0, 1))
 def min_(x: np.ndarray, *xs: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     return _variadic("Min", np.minimum, (x, *xs), out)
 
 
-@kernel("Mean")
+@kernel("Mean", inplace=(0, 1))
 def mean(x: np.ndarray, *xs: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     r = _variadic("Mean", np.add, (x, *xs), out)
     if xs:
@@ -180,73 +180,73 @@ def mean(x: np.ndarray, *xs: np.ndarray, out: np.ndarray | None = None) -> np.nd
 # unary math
 
 
-@kernel("Neg")
+@kernel("Neg", inplace=True)
 def neg(x: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
     return _unary(np.negative, x, out)
 
 
-@kernel("Abs")
+@kernel("Abs", inplace=True)
 def abs_(x: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
     return _unary(np.absolute, x, out)
 
 
-@kernel("Exp")
+@kernel("Exp", inplace=True)
 def exp(x: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
     with np.errstate(over="ignore"):
         return _unary(np.exp, x, out)
 
 
-@kernel("Log")
+@kernel("Log", inplace=True)
 def log(x: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore"):  # log(0) = -inf, log(<0) = nan
         return _unary(np.log, x, out)
 
 
-@kernel("Sqrt")
+@kernel("Sqrt", inplace=True)
 def sqrt(x: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
     with np.errstate(invalid="ignore"):
         return _unary(np.sqrt, x, out)
 
 
-@kernel("Reciprocal")
+@kernel("Reciprocal", inplace=True)
 def reciprocal(x: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
     with np.errstate(divide="ignore"):
         return _unary(np.reciprocal, x, out)
 
 
-@kernel("Floor")
+@kernel("Floor", inplace=True)
 def floor(x: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
     return _unary(np.floor, x, out)
 
 
-@kernel("Ceil")
+@kernel("Ceil", inplace=True)
 def ceil(x: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
     return _unary(np.ceil, x, out)
 
 
-@kernel("Round")
+@kernel("Round", inplace=True)
 def round_(x: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
     return _unary(np.rint, x, out)  # halves to even
 
 
-@kernel("Sign")
+@kernel("Sign", inplace=True)
 def sign(x: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
     return _unary(np.sign, x, out)
 
 
-@kernel("Sin")
+@kernel("Sin", inplace=True)
 def sin(x: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
     with np.errstate(invalid="ignore"):  # sin(inf) = nan
         return _unary(np.sin, x, out)
 
 
-@kernel("Cos")
+@kernel("Cos", inplace=True)
 def cos(x: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
     with np.errstate(invalid="ignore"):
         return _unary(np.cos, x, out)
 
 
-@kernel("Tan")
+@kernel("Tan", inplace=True)
 def tan(x: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
     with np.errstate(invalid="ignore"):
         return _unary(np.tan, x, out)
@@ -273,7 +273,7 @@ def isinf(
     return out
 
 
-@kernel("Identity")
+@kernel("Identity", view="reshape")
 def identity(x: np.ndarray) -> np.ndarray:
     return x  # no copy: the input itself
 
@@ -290,7 +290,7 @@ def _bound(x: np.ndarray, b: np.ndarray | None, name: str) -> np.ndarray | None:
     return b.reshape(()).astype(x.dtype, copy=False)
 
 
-@kernel("Clip")
+@kernel("Clip", inplace=(0,))
 def clip(
     x: np.ndarray,
     min: np.ndarray | None = None,
@@ -354,22 +354,22 @@ def less_or_equal(a: np.ndarray, b: np.ndarray, *, out: np.ndarray | None = None
     return _binary("LessOrEqual", np.less_equal, a, b, out)
 
 
-@kernel("Not")
+@kernel("Not", inplace=True)
 def not_(x: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
     return _unary(np.logical_not, x, out)
 
 
-@kernel("And")
+@kernel("And", inplace=True)
 def and_(a: np.ndarray, b: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
     return _binary("And", np.logical_and, a, b, out)
 
 
-@kernel("Or")
+@kernel("Or", inplace=True)
 def or_(a: np.ndarray, b: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
     return _binary("Or", np.logical_or, a, b, out)
 
 
-@kernel("Xor")
+@kernel("Xor", inplace=True)
 def xor(a: np.ndarray, b: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
     return _binary("Xor", np.logical_xor, a, b, out)
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ...errors import ModelError, ShapeError, UnsupportedError
-from .registry import kernel
+from .registry import inference_dropout, kernel, noop_reduction
 
 # -------------------------------------------------------------------------------- helpers
 
@@ -217,7 +217,7 @@ def _float_then(f):
     return run
 
 
-@kernel("ReduceSum")
+@kernel("ReduceSum", view="reshape", view_if=noop_reduction)
 def reduce_sum(
     data: np.ndarray, axes: np.ndarray | None = None, *, keepdims: int = 1, noop_with_empty_axes: int = 0
 ) -> np.ndarray:
@@ -235,7 +235,7 @@ def _mean(x, ax, keep):
     return _sum(x, ax, keep) / max(n, 1)  # onnxruntime gives 0, not NaN, for the mean of an empty set
 
 
-@kernel("ReduceMean")
+@kernel("ReduceMean", view="reshape", view_if=noop_reduction)
 def reduce_mean(
     data: np.ndarray, axes: np.ndarray | None = None, *, keepdims: int = 1, noop_with_empty_axes: int = 0
 ) -> np.ndarray:
@@ -257,7 +257,7 @@ def _extreme(ufunc: np.ufunc, x: np.ndarray, ax, keep):
     return ufunc.reduce(x, axis=ax, keepdims=keep, initial=ident)
 
 
-@kernel("ReduceMax")
+@kernel("ReduceMax", view="reshape", view_if=noop_reduction)
 def reduce_max(
     data: np.ndarray, axes: np.ndarray | None = None, *, keepdims: int = 1, noop_with_empty_axes: int = 0
 ) -> np.ndarray:
@@ -272,7 +272,7 @@ def reduce_max(
     )
 
 
-@kernel("ReduceMin")
+@kernel("ReduceMin", view="reshape", view_if=noop_reduction)
 def reduce_min(
     data: np.ndarray, axes: np.ndarray | None = None, *, keepdims: int = 1, noop_with_empty_axes: int = 0
 ) -> np.ndarray:
@@ -287,7 +287,7 @@ def reduce_min(
     )
 
 
-@kernel("ReduceProd")
+@kernel("ReduceProd", view="reshape", view_if=noop_reduction)
 def reduce_prod(
     data: np.ndarray, axes: np.ndarray | None = None, *, keepdims: int = 1, noop_with_empty_axes: int = 0
 ) -> np.ndarray:
@@ -560,7 +560,7 @@ def group_normalization(
 # -------------------------------------------------------------------------------- Dropout
 
 
-@kernel("Dropout")
+@kernel("Dropout", view="reshape", view_if=inference_dropout)
 def dropout(
     data: np.ndarray,
     ratio: np.ndarray | None = None,

@@ -8,6 +8,15 @@ Conventions every kernel follows (the interpreter and the autodiff rely on them)
   shape and dtype; it must then return that buffer;
 - `noutputs` (keyword) marks a kernel with optional outputs: the interpreter passes how many outputs the node
   asked for, so work for unused outputs (e.g. MaxPool's Indices) is skipped;
+- `view=` on the decorator marks a kernel whose outputs may be views of its first input (Reshape, Transpose,
+  Slice, ...; a kernel without inputs, Constant, returns an array it owns): the memory planner gives such outputs no
+  buffer and keeps the input's buffer alive while they are. view="reshape" promises more: the view holds the
+  input's bytes in the input's order (a reshape of a contiguous input), so an elementwise op may write over it in
+  place. `view_if=` makes the view conditional on the node (attributes, constant inputs), see DYNAMIC below;
+- `inplace=` marks a kernel (with out=) that stays correct when out is the very memory of one of the given
+  inputs (True: any input) of the same dtype and shape: each output element is computed from the same element of
+  the inputs, and no input is read again after out is written (a ufunc call is; a kernel that writes out, then
+  reads an input again, is not);
 - the result is one array, or a tuple of arrays for several outputs; dtypes follow the spec exactly
   (float32 in, float32 out: no silent promotion to float64);
 - a user-caused failure (an attribute value the kernel does not support, say) raises an EdgeTrainError subclass
@@ -20,6 +29,8 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 # Parameters of a kernel that are not ONNX attributes.
 RESERVED = ("out", "noutputs")
@@ -34,6 +45,10 @@ class Kernel:
     wants_noutputs: bool
     n_inputs: tuple[int, int | None]  # (required positional inputs, max or None when variadic)
     domain: str = ""  # "" for ai.onnx; PRIVATE_DOMAIN for edgetrain's fused backward ops
+    aliases_input: bool = False  # outputs may be views of input 0 (see view= above)
+    keeps_layout: bool = False  # ... and then hold input 0's bytes in its order (view="reshape")
+    view_if: Callable[..., bool] | None = None  # view only when view_if(attrs, consts) holds
+    inplace: tuple[int, ...] = ()  # inputs whose memory out= may be (see inplace= above)
 
 
 # edgetrain's own ops (fused gradient kernels); each has an ONNX function body in standard ops, so a graph that
@@ -43,10 +58,43 @@ PRIVATE_DOMAIN = "com.edgetrain"
 
 KERNELS: dict[str, Kernel] = {}
 
+# view_if conditions: (attrs, consts) -> bool, where consts[k] is the value of input k when the graph fixes it (an
+# initializer), None when the input is omitted, and DYNAMIC when it is computed at run time. A condition that
+# cannot decide says False: the output then gets its own buffer (and a copy when the kernel returns a view).
+DYNAMIC = object()
 
-def kernel(*op_types: str, domain: str = "") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+
+def _const(consts, k: int):
+    return consts[k] if k < len(consts) else None
+
+
+def noop_reduction(attrs, consts) -> bool:
+    """A Reduce* node with empty axes and noop_with_empty_axes=1 returns its input itself."""
+    axes = _const(consts, 1)
+    return bool(attrs.get("noop_with_empty_axes", 0)) and (
+        axes is None or axes is not DYNAMIC and np.size(axes) == 0
+    )
+
+
+def inference_dropout(attrs, consts) -> bool:
+    """Dropout outside training mode (or with ratio 0) returns its input itself."""
+    ratio, mode = _const(consts, 1), _const(consts, 2)
+    if mode is None or mode is not DYNAMIC and not np.asarray(mode).item():
+        return True
+    return ratio is not None and ratio is not DYNAMIC and float(np.asarray(ratio).item()) == 0
+
+
+def kernel(
+    *op_types: str,
+    domain: str = "",
+    view: bool | str = False,
+    view_if: Callable[..., bool] | None = None,
+    inplace: bool | tuple[int, ...] = False,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Registers fn as the kernel of each op type given (in domain ai.onnx unless told otherwise); op type
-    names are unique across domains."""
+    names are unique across domains. view, view_if and inplace tell the memory planner what the kernel's outputs
+    may share with its inputs (see the module docstring)."""
+    assert view in (False, True, "reshape"), f"view={view!r}: use True or 'reshape'"
 
     def register(fn: Callable[..., Any]) -> Callable[..., Any]:
         sig = inspect.signature(fn)
@@ -59,10 +107,27 @@ def kernel(*op_types: str, domain: str = "") -> Callable[[Callable[..., Any]], C
                 n_req += p.default is p.empty
             elif p.kind is p.VAR_POSITIONAL:
                 n_max = None
+        writes_out = "out" in sig.parameters
+        if inplace is True:
+            assert n_max is not None, f"{fn.__name__}: a variadic kernel names its in-place inputs"
+            ins: tuple[int, ...] = tuple(range(n_max))
+        else:
+            ins = tuple(inplace or ())
+        assert not ins or writes_out, f"{fn.__name__}: in place means writing out= over an input"
         for op in op_types:
             assert op not in KERNELS, f"two kernels registered for {op}"
             KERNELS[op] = Kernel(
-                op, fn, attrs, "out" in sig.parameters, "noutputs" in sig.parameters, (n_req, n_max), domain
+                op,
+                fn,
+                attrs,
+                writes_out,
+                "noutputs" in sig.parameters,
+                (n_req, n_max),
+                domain,
+                aliases_input=bool(view),
+                keeps_layout=view == "reshape",
+                view_if=view_if,
+                inplace=ins,
             )
         return fn
 

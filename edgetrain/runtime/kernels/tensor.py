@@ -28,7 +28,7 @@ _ONNX_DTYPES = {
 
 
 # ------------------------------------------------ views: Reshape, Flatten, (Un)Squeeze, Transpose
-@kernel("Reshape")
+@kernel("Reshape", view="reshape")
 def reshape(data: np.ndarray, shape: np.ndarray, *, allowzero: int = 0) -> np.ndarray:
     dims = _ints(shape)
     if not allowzero:
@@ -48,7 +48,7 @@ def reshape(data: np.ndarray, shape: np.ndarray, *, allowzero: int = 0) -> np.nd
     return data.reshape(dims)  # a view whenever the input's strides allow
 
 
-@kernel("Flatten")
+@kernel("Flatten", view="reshape")
 def flatten(input: np.ndarray, *, axis: int = 1) -> np.ndarray:
     r = input.ndim
     if not -r <= axis <= r:
@@ -57,7 +57,7 @@ def flatten(input: np.ndarray, *, axis: int = 1) -> np.ndarray:
     return input.reshape(math.prod(input.shape[:axis]), math.prod(input.shape[axis:]))
 
 
-@kernel("Squeeze")
+@kernel("Squeeze", view="reshape")
 def squeeze(data: np.ndarray, axes: np.ndarray | None = None) -> np.ndarray:
     if axes is None or np.size(axes) == 0:  # empty axes squeeze every 1, as onnxruntime does
         return np.squeeze(data)
@@ -68,13 +68,13 @@ def squeeze(data: np.ndarray, axes: np.ndarray | None = None) -> np.ndarray:
     return np.squeeze(data, axis=tuple(ax))
 
 
-@kernel("Unsqueeze")
+@kernel("Unsqueeze", view="reshape")
 def unsqueeze(data: np.ndarray, axes: np.ndarray) -> np.ndarray:
     ax = _ints(axes)
     return np.expand_dims(data, tuple(_axes(ax, data.ndim + len(ax))))  # axes count in the output rank
 
 
-@kernel("Transpose")
+@kernel("Transpose", view=True)
 def transpose(data: np.ndarray, *, perm: list[int] | None = None) -> np.ndarray:
     if perm is None:
         return data.T
@@ -96,7 +96,7 @@ def concat(*inputs: np.ndarray, axis: int, out: np.ndarray | None = None) -> np.
     return np.concatenate(inputs, axis=a, out=out)
 
 
-@kernel("Split")
+@kernel("Split", view=True)
 def split(
     input: np.ndarray,
     split: np.ndarray | None = None,
@@ -124,7 +124,7 @@ def split(
     return tuple(parts) if noutputs > 1 else parts[0]
 
 
-@kernel("Slice")
+@kernel("Slice", view=True)
 def slice_(
     data: np.ndarray,
     starts: np.ndarray,
@@ -151,7 +151,7 @@ def slice_(
     return data[tuple(index)]  # a view
 
 
-@kernel("Expand")
+@kernel("Expand", view=True)
 def expand(input: np.ndarray, shape: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
     try:
         target = np.broadcast_shapes(input.shape, tuple(_ints(shape)))
@@ -195,7 +195,7 @@ def size(data: np.ndarray) -> np.ndarray:
     return np.array(data.size, dtype=np.int64)
 
 
-@kernel("Constant")
+@kernel("Constant", view=True)
 def constant(
     *,
     value: np.ndarray | None = None,
