@@ -72,9 +72,9 @@ def test_resume_in_a_new_process_is_bit_identical(tmp_path):
         np.testing.assert_array_equal(resumed[name], value, err_msg=name)
 
 
-@pytest.mark.parametrize("model", list(MODELS))
-def test_twenty_steps_follow_onnxruntime(tmp_path, model):
-    art, path = make_artifact(tmp_path, model)
+@pytest.mark.parametrize("model,trainable", [(m, None) for m in MODELS] + [("lenet", ["fc3.*"])])
+def test_twenty_steps_follow_onnxruntime(tmp_path, model, trainable):
+    art, path = make_artifact(tmp_path, model, trainable=trainable)
     x, y = batch_for(model, BATCH)
     sess = et.TrainingSession(path)
     so = ort.SessionOptions()
@@ -171,3 +171,52 @@ def test_export_runs_in_onnxruntime_like_run(tmp_path):
     np.testing.assert_array_equal(
         trained["conv1.weight"], art.initial.get("conv1.weight", art.inference.initializers["conv1.weight"])
     )
+
+
+def test_export_without_onnx_says_so(tmp_path):
+    _, path = make_artifact(tmp_path, "mlp")
+    script = textwrap.dedent(f"""
+        import sys
+        sys.modules["onnx"] = None  # a phone without onnx
+        import edgetrain as et
+        s = et.TrainingSession({path!r})
+        try:
+            s.export_onnx({str(tmp_path / "x.onnx")!r})
+        except et.UnsupportedError as e:
+            print("REFUSED:", e)
+    """)
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, PYTHONPATH=ROOT),
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "REFUSED: export_onnx needs the onnx package" in proc.stdout
+    assert "pip install 'edgetrain[convert]'" in proc.stdout
+    assert not (tmp_path / "x.onnx").exists()
+
+
+def test_inspect_describes_artifacts_and_checkpoints(tmp_path):
+    art, path = make_artifact(tmp_path, "lenet", trainable=["fc*"])
+    sess = et.TrainingSession(path)
+    x, y = batch_for("lenet", BATCH)
+    sess.train_step(x, y)
+    ck = tmp_path / "c.etck"
+    sess.save_checkpoint(ck, user_state={"epoch": 2})
+    run = [sys.executable, "-m", "edgetrain.cli", "inspect"]
+    out = subprocess.run([*run, path], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert "ConvGradWeight" not in text and "Gemm" in text  # the frozen convs get no backward
+    assert "parameters: 6 trainable" in text and "frozen    conv1.weight" in text
+    assert "planned arena (peak)" in text and "lower bound" in text and "source_sha256" in text
+    assert "trainable parameters" in text and "optimizer state" in text
+    out = subprocess.run([*run, str(ck)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "step       1" in out.stdout and "'epoch': 2" in out.stdout
+    bad = tmp_path / "bad.etrain"
+    bad.write_bytes(open(path, "rb").read()[:500])
+    out = subprocess.run([*run, str(bad)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "truncated" in out.stderr and "Traceback" not in out.stderr
