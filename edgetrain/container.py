@@ -16,7 +16,7 @@ Layout of format version 1 (all integers little-endian)::
            end-32        SHA-256 of every byte before it
 
 The writer is deterministic (same inputs, byte-identical file) and atomic (temp file, fsync, os.replace, fsync of
-the directory). The reader maps the file once and returns read-only zero-copy views; it never unpickles anything.
+the directory). The reader maps the file once and returns read-only zero-copy views; it never loads Python objects.
 Every failure raises ArtifactError naming the file, what is wrong and what to do.
 """
 
@@ -43,7 +43,7 @@ SUFFIXES = {"artifact": ".etrain", "checkpoint": ".etck"}
 ALIGN = 64
 CHECKSUM_BYTES = 32
 _PREAMBLE = struct.Struct("<8sIIQ")  # magic, version, kind code, header length: 24 bytes
-# Fixed-size numeric dtypes only: no object (pickle), strings, datetimes or platform-sized long double.
+# Fixed-size numeric dtypes only: no Python objects, strings, datetimes or platform-sized long double.
 DTYPES = frozenset(
     "bool int8 int16 int32 int64 uint8 uint16 uint32 uint64 float16 float32 float64 complex64 complex128".split()
 )

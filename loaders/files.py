@@ -22,7 +22,7 @@ def _float_dtype_or_none(dtype) -> np.dtype | None:
 
 class NpzDataView(ArrayDataView):
     """x = archive[x_key] (cast to `dtype`, float32 by default; None keeps it), y = archive[y_key] (integers
-    become int64 class labels, floats are cast to `dtype`). Never unpickles: object arrays are refused."""
+    become int64 class labels, floats are cast to `dtype`). Never loads Python objects: object arrays are refused."""
 
     def __init__(
         self,

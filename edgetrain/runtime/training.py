@@ -176,34 +176,20 @@ class TrainingSession:
         """Writes the inference model with the trained parameters (nothing of the training graph); onnxruntime
         runs it. Needs the onnx package."""
         try:
-            import onnx
-
-            from ..onnx_io import to_onnx
+            from ..export import export_inference
         except ImportError as e:
             raise UnsupportedError(
                 "export_onnx needs the onnx package, which is not installed here: "
                 "pip install 'edgetrain[convert]' (or export on a workstation from a "
                 "checkpoint with `edgetrain export`)"
             ) from e
-        base = self.artifact.base
-        inits = dict(base.initializers)
-        inits.update({p: self._values[p] for p in self._io["parameters"]})
-        model = to_onnx(base.copy(initializers=inits))
         prov = self.artifact.header.get("provenance", {})
-        onnx.helper.set_model_props(
-            model,
-            {
-                "edgetrain.steps": str(self.step),
-                "edgetrain.source_sha256": str(prov.get("source_sha256", "")),
-            },
-        )
-        tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
-        try:
-            onnx.save(model, tmp)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+        props = {
+            "edgetrain.steps": str(self.step),
+            "edgetrain.source_sha256": str(prov.get("source_sha256", "")),
+        }
+        params = {p: self._values[p] for p in self._io["parameters"]}
+        export_inference(self.artifact.base, params, path, props=props)
 
     # ---- feeds -------------------------------------------------------------------------------------------------
     def _classes(self) -> int | None:
