@@ -18,6 +18,7 @@ from .ir import Graph, GraphBuilder, Node, TensorInfo
 from .losses import BCEWithLogitsLoss, CrossEntropyLoss, ILoss, L1Loss, MSELoss
 from .optimizers import SGD, Adam, AdamW, IOptimizer
 from .runtime import InferenceSession, TrainingSession
+from .trainer import ConstantLR, CosineLR, StepLR, Trainer, TrainResult, WarmupLR
 
 __version__ = "0.1.0"
 
@@ -44,6 +45,12 @@ __all__ = [
     "TensorInfo",
     "TrainingArtifact",
     "TrainingSession",
+    "Trainer",
+    "TrainResult",
+    "ConstantLR",
+    "CosineLR",
+    "StepLR",
+    "WarmupLR",
     "UnsupportedError",
     "__version__",
     "convert",

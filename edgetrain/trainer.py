@@ -1,0 +1,456 @@
+"""Trainer: epochs of a TrainingSession over a DataLoader, with learning-rate schedules, validation, JSON-lines
+history, crash-safe checkpoints with exact resume, a non-finite-loss guard and early stopping.
+
+Device side: numpy, loaders and edgetrain.runtime only (never onnx).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from loaders import DataLoader
+
+from .runtime import TrainingSession
+
+__all__ = [
+    "ConstantLR",
+    "CosineLR",
+    "ILRSchedule",
+    "StepLR",
+    "TrainResult",
+    "Trainer",
+    "WarmupLR",
+    "schedule_from_config",
+]
+
+
+# ---- learning-rate schedules ----------------------------------------------------------------------------------
+class ILRSchedule:
+    """lr_at(step, base_lr): the learning rate of optimizer step `step` (0-based), in closed form."""
+
+    def lr_at(self, step: int, base_lr: float) -> float:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def config(self) -> dict[str, Any]:
+        return {"type": type(self).__name__}
+
+
+class ConstantLR(ILRSchedule):
+    """base_lr at every step."""
+
+    def lr_at(self, step: int, base_lr: float) -> float:
+        return float(base_lr)
+
+
+class StepLR(ILRSchedule):
+    """base_lr * gamma ** (step // step_size), as torch.optim.lr_scheduler.StepLR stepped once per batch."""
+
+    def __init__(self, step_size: int, gamma: float = 0.1):
+        if int(step_size) != step_size or step_size < 1:
+            raise ValueError(f"StepLR step_size must be a positive integer, got {step_size!r}")
+        self.step_size, self.gamma = int(step_size), float(gamma)
+
+    def lr_at(self, step: int, base_lr: float) -> float:
+        return float(base_lr) * self.gamma ** (int(step) // self.step_size)
+
+    def config(self) -> dict[str, Any]:
+        return {"type": "StepLR", "step_size": self.step_size, "gamma": self.gamma}
+
+
+class CosineLR(ILRSchedule):
+    """min_lr + (base_lr - min_lr) * (1 + cos(pi * t / T)) / 2 with t = min(step, T) (torch's closed form of
+    CosineAnnealingLR, held at min_lr after T steps)."""
+
+    def __init__(self, total_steps: int, min_lr: float = 0.0):
+        if int(total_steps) != total_steps or total_steps < 1:
+            raise ValueError(f"CosineLR total_steps must be a positive integer, got {total_steps!r}")
+        self.total_steps, self.min_lr = int(total_steps), float(min_lr)
+
+    def lr_at(self, step: int, base_lr: float) -> float:
+        t = min(int(step), self.total_steps)
+        return (
+            self.min_lr + (float(base_lr) - self.min_lr) * (1 + math.cos(math.pi * t / self.total_steps)) / 2
+        )
+
+    def config(self) -> dict[str, Any]:
+        return {"type": "CosineLR", "total_steps": self.total_steps, "min_lr": self.min_lr}
+
+
+class WarmupLR(ILRSchedule):
+    """Linear warm-up from 0: step / warmup_steps * schedule.lr_at(step) for step < warmup_steps, then the wrapped
+    schedule (which counts steps from 0 at the start of training, warm-up included)."""
+
+    def __init__(self, schedule: ILRSchedule | None, warmup_steps: int):
+        if int(warmup_steps) != warmup_steps or warmup_steps < 0:
+            raise ValueError(f"WarmupLR warmup_steps must be an integer >= 0, got {warmup_steps!r}")
+        self.schedule = schedule if schedule is not None else ConstantLR()
+        self.warmup_steps = int(warmup_steps)
+
+    def lr_at(self, step: int, base_lr: float) -> float:
+        inner = self.schedule.lr_at(step, base_lr)
+        if step < self.warmup_steps:
+            return inner * int(step) / self.warmup_steps
+        return inner
+
+    def config(self) -> dict[str, Any]:
+        return {"type": "WarmupLR", "warmup_steps": self.warmup_steps, "schedule": self.schedule.config()}
+
+
+_SCHEDULES = {"ConstantLR": ConstantLR, "StepLR": StepLR, "CosineLR": CosineLR, "WarmupLR": WarmupLR}
+
+
+def schedule_from_config(cfg: Mapping[str, Any]) -> ILRSchedule:
+    """The schedule of a config() dict (e.g. read back from a history file or a CLI option)."""
+    cfg = dict(cfg)
+    kind = cfg.pop("type", None)
+    if kind not in _SCHEDULES:
+        raise ValueError(f"unknown schedule type {kind!r}; known: {', '.join(_SCHEDULES)}")
+    if kind == "WarmupLR":
+        cfg["schedule"] = schedule_from_config(cfg["schedule"])
+    return _SCHEDULES[kind](**cfg)
+
+
+# ---- the trainer ----------------------------------------------------------------------------------------------
+@dataclass
+class TrainResult:
+    epochs: int  # epochs completed (including any done before a resume)
+    steps: int  # optimizer steps completed (a step with a non-finite loss is not counted)
+    metric: str  # the metric `best` refers to: the early-stopping metric, else val_loss, else train_loss
+    best: float | None
+    stopped_early: bool
+    stop_reason: str
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+_METRICS = {"val_loss": "min", "val_accuracy": "max"}
+
+
+class Trainer:
+    """Runs `epochs` epochs of `session` over `train_loader`.
+
+    Each step takes the learning rate from `schedule` (steps counted from 0 over the whole run; the base rate
+    is the session's lr when the trainer is made), then `session.train_step`. After each epoch the validation
+    set is evaluated (inference semantics) and a history record is appended (and written as a JSON line to
+    `history`). With `checkpoint`, the session and the trainer's position are saved atomically every
+    `checkpoint_every` steps and at the end, so that `fit(resume=True)` continues exactly where it stood: the
+    same batches, the same numbers, bit for bit.
+    """
+
+    def __init__(
+        self,
+        session: TrainingSession,
+        train_loader: DataLoader,
+        *,
+        val_loader: DataLoader | None = None,
+        epochs: int = 1,
+        schedule: ILRSchedule | None = None,
+        checkpoint: str | os.PathLike | None = None,
+        checkpoint_every: int | None = None,
+        early_stopping: Mapping[str, Any] | None = None,
+        history: str | os.PathLike | None = None,
+        progress: Callable[[dict[str, Any]], None] | None = None,
+        classification: bool = True,
+    ):
+        if int(epochs) != epochs or epochs < 1:
+            raise ValueError(f"epochs must be a positive integer, got {epochs!r}")
+        if checkpoint_every is not None:
+            if int(checkpoint_every) != checkpoint_every or checkpoint_every < 1:
+                raise ValueError(f"checkpoint_every must be a positive integer, got {checkpoint_every!r}")
+            if checkpoint is None:
+                raise ValueError("checkpoint_every needs a checkpoint path")
+        self.session, self.train_loader, self.val_loader = session, train_loader, val_loader
+        self.epochs = int(epochs)
+        self.schedule = schedule if schedule is not None else ConstantLR()
+        self.checkpoint = None if checkpoint is None else os.fspath(checkpoint)
+        self.checkpoint_every = None if checkpoint_every is None else int(checkpoint_every)
+        self.history_path = None if history is None else os.fspath(history)
+        self.progress = progress
+        self.classification = bool(classification)
+        self.early_stopping = self._check_early_stopping(early_stopping)
+        self._batch = self._session_batch()
+        self._check_loader(train_loader, "train_loader", train=True)
+        if val_loader is not None:
+            self._check_loader(val_loader, "val_loader", train=False)
+        if self.early_stopping is not None:
+            self.metric = self.early_stopping["metric"]
+        else:
+            self.metric = "val_loss" if val_loader is not None else "train_loss"
+        self.base_lr = float(session.lr)
+        self._reset()
+
+    # ---- checks ------------------------------------------------------------------------------------------------
+    def _check_early_stopping(self, cfg: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        if cfg is None:
+            return None
+        unknown = set(cfg) - {"metric", "patience", "min_delta"}
+        if unknown:
+            raise ValueError(
+                f"early_stopping has unknown keys {sorted(unknown)}; use metric, patience, min_delta"
+            )
+        metric = cfg.get("metric", "val_loss")
+        if metric not in _METRICS:
+            raise ValueError(f"early_stopping metric must be one of {list(_METRICS)}, got {metric!r}")
+        if self.val_loader is None:
+            raise ValueError(f"early stopping on {metric} needs a val_loader")
+        if metric == "val_accuracy" and not self.classification:
+            raise ValueError("early stopping on val_accuracy needs classification=True")
+        patience = cfg.get("patience", 3)
+        if int(patience) != patience or patience < 1:
+            raise ValueError(f"early_stopping patience must be a positive integer, got {patience!r}")
+        min_delta = float(cfg.get("min_delta", 0.0))
+        if not math.isfinite(min_delta) or min_delta < 0:
+            raise ValueError(f"early_stopping min_delta must be a finite number >= 0, got {min_delta}")
+        return {"metric": metric, "patience": int(patience), "min_delta": min_delta}
+
+    def _session_batch(self) -> int | None:
+        io = self.session.artifact.io
+        shape = self.session.artifact.program.values[io["data_inputs"][0]].shape
+        return int(shape[0]) if shape and isinstance(shape[0], (int, np.integer)) else None
+
+    def _check_loader(self, loader: DataLoader, name: str, *, train: bool) -> None:
+        b = self._batch
+        if b is None:
+            return
+        if loader.batch_size != b:
+            raise ValueError(
+                f"{name} gives batches of {loader.batch_size}, but the artifact was built for batch {b}: "
+                f"make the loader with batch_size={b}"
+            )
+        n = loader.view.size()
+        if train and not loader.drop_last and n % b:
+            raise ValueError(
+                f"{name} has {n} samples, not a multiple of the artifact's batch {b}, so its last "
+                f"batch would be short: make the loader with drop_last=True"
+            )
+
+    # ---- state -------------------------------------------------------------------------------------------------
+    def _reset(self) -> None:
+        self.epoch = 0  # epochs completed
+        self.step = 0  # optimizer steps completed
+        self.best: float | None = None
+        self.bad_epochs = 0
+        self.history: list[dict[str, Any]] = []
+        self._loss_sum, self._loss_n = 0.0, 0  # running train loss of the current epoch
+        self._epoch_seconds = 0.0
+
+    def _user_state(self) -> dict[str, Any]:
+        return {
+            "trainer": 1,
+            "loader": self.train_loader.state(),
+            "val_loader": None if self.val_loader is None else self.val_loader.state(),
+            "epoch": self.epoch,
+            "step": self.step,
+            "best": self.best,
+            "bad_epochs": self.bad_epochs,
+            "history": self.history,
+            "loss_sum": self._loss_sum,
+            "loss_n": self._loss_n,
+            "base_lr": self.base_lr,
+            "metric": self.metric,
+        }
+
+    def save_checkpoint(self) -> None:
+        """Writes the session and the trainer's position to the checkpoint path (atomically)."""
+        if self.checkpoint is None:
+            raise ValueError("this trainer has no checkpoint path")
+        self.session.save_checkpoint(self.checkpoint, user_state=self._user_state())
+
+    def resume(self) -> None:
+        """Loads the checkpoint: session parameters and optimizer state, loader positions and counters."""
+        if self.checkpoint is None:
+            raise ValueError("resume needs a checkpoint path")
+        if not os.path.exists(self.checkpoint):
+            raise FileNotFoundError(f"no checkpoint to resume from at '{self.checkpoint}'")
+        state = self.session.load_checkpoint(self.checkpoint)
+        if state.get("trainer") != 1:
+            raise ValueError(
+                f"checkpoint '{self.checkpoint}' was not written by a Trainer (its user_state has no trainer "
+                "position); load it with TrainingSession.load_checkpoint instead"
+            )
+        self.train_loader.restore(state["loader"])
+        if self.val_loader is not None and state.get("val_loader") is not None:
+            self.val_loader.restore(state["val_loader"])
+        self.epoch, self.step = int(state["epoch"]), int(state["step"])
+        self.best = None if state["best"] is None else float(state["best"])
+        self.bad_epochs = int(state["bad_epochs"])
+        self.history = list(state["history"])
+        self._loss_sum, self._loss_n = float(state["loss_sum"]), int(state["loss_n"])
+        self.base_lr = float(state["base_lr"])
+        self._epoch_seconds = 0.0
+
+    # ---- evaluation --------------------------------------------------------------------------------------------
+    def _sample_loss_sum(self, loss: float, n: int) -> float:
+        """The sum of per-sample losses behind a batch loss of n samples."""
+        reduction = self.session.artifact.header.get("loss", {}).get("reduction", "mean")
+        return loss * n if reduction == "mean" else loss
+
+    def evaluate(self, loader: DataLoader | None = None) -> tuple[float, float | None]:
+        """(mean loss per sample, accuracy or None) over one pass of `loader` (default: the val_loader).
+
+        A short last batch is padded with copies of its first sample; the padding's share of the loss is taken
+        off using the loss of a batch made of that sample alone (exact for mean and sum reductions)."""
+        loader = self.val_loader if loader is None else loader
+        total, correct, n = 0.0, 0, 0
+        for x, y in loader:
+            k = len(x)
+            b = self._batch or k
+            if k < b:
+                pad = b - k
+                xp = np.concatenate([x, np.repeat(x[:1], pad, axis=0)])
+                yp = np.concatenate([y, np.repeat(y[:1], pad, axis=0)])
+                loss, out = self.session.evaluate(xp, yp)
+                first, _ = self.session.evaluate(np.repeat(x[:1], b, axis=0), np.repeat(y[:1], b, axis=0))
+                s = self._sample_loss_sum(loss, b) - pad * self._sample_loss_sum(first, b) / b
+                out = out[:k]
+            else:
+                loss, out = self.session.evaluate(x, y)
+                s = self._sample_loss_sum(loss, k)
+            total += s
+            n += k
+            if self.classification:
+                correct += int(np.sum(np.argmax(out, axis=1) == np.asarray(y).reshape(k, -1)[:, 0]))
+        if n == 0:
+            return float("nan"), None
+        return total / n, (correct / n if self.classification else None)
+
+    # ---- the loop ----------------------------------------------------------------------------------------------
+    def _improved(self, value: float) -> bool:
+        if self.best is None:
+            return True
+        delta = self.early_stopping["min_delta"] if self.early_stopping else 0.0
+        if _METRICS.get(self.metric, "min") == "max":
+            return value > self.best + delta
+        return value < self.best - delta
+
+    def _emit(self, info: dict[str, Any]) -> None:
+        if self.progress is not None:
+            self.progress(info)
+
+    def _write_history(self, record: dict[str, Any]) -> None:
+        if self.history_path is None:
+            return
+        with open(self.history_path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record, allow_nan=True) + "\n")
+            f.flush()
+
+    def _result(self, stopped_early: bool, reason: str) -> TrainResult:
+        return TrainResult(
+            epochs=self.epoch,
+            steps=self.step,
+            metric=self.metric,
+            best=self.best,
+            stopped_early=stopped_early,
+            stop_reason=reason,
+            history=list(self.history),
+        )
+
+    def fit(self, resume: bool = False) -> TrainResult:
+        """Trains until `epochs` epochs are done, early stopping triggers or a loss is not finite."""
+        if resume:
+            self.resume()
+            if self.history_path is not None:  # records written after the checkpoint are redone: drop them
+                with open(self.history_path, "w", encoding="utf-8") as f:
+                    f.writelines(json.dumps(r, allow_nan=True) + "\n" for r in self.history)
+        elif self.history_path is not None and self.step == 0 and self.epoch == 0:
+            open(self.history_path, "w", encoding="utf-8").close()  # a fresh run starts a fresh history
+        session, loader = self.session, self.train_loader
+        batches = len(loader)
+        while self.epoch < self.epochs:
+            t0 = time.perf_counter()
+            epoch_of_loader = loader.epoch
+            defer_checkpoint = False
+            for x, y in loader:
+                lr = self.schedule.lr_at(self.step, self.base_lr)
+                session.lr = lr
+                before = session.parameters()
+                loss = session.train_step(x, y)
+                if not math.isfinite(loss):
+                    session.set_parameters(before)
+                    reason = (
+                        f"non-finite loss {loss} at step {self.step + 1} (epoch {self.epoch + 1}, lr {lr:g}); "
+                        f"parameters restored to those before the step, no checkpoint written"
+                    )
+                    self._emit({"event": "stop", "reason": reason})
+                    return self._result(True, reason)
+                self.step += 1
+                self._loss_sum += loss * len(x)
+                self._loss_n += len(x)
+                if self.checkpoint_every is not None and self.step % self.checkpoint_every == 0:
+                    if loader.epoch != epoch_of_loader:
+                        defer_checkpoint = True  # the epoch's last batch: save after the epoch's bookkeeping
+                    else:
+                        self._epoch_seconds += time.perf_counter() - t0
+                        t0 = time.perf_counter()
+                        self.save_checkpoint()
+                self._emit(
+                    {
+                        "event": "step",
+                        "epoch": self.epoch + 1,
+                        "epochs": self.epochs,
+                        "batch": loader.state()["position"] // loader.batch_size
+                        if loader.epoch == epoch_of_loader
+                        else batches,
+                        "batches": batches,
+                        "step": self.step,
+                        "loss": loss,
+                        "lr": lr,
+                    }
+                )
+            record = self._end_epoch(lr=session.lr, seconds=self._epoch_seconds + time.perf_counter() - t0)
+            if record is None:
+                reason = f"non-finite validation loss after epoch {self.epoch + 1}; no checkpoint written"
+                self._emit({"event": "stop", "reason": reason})
+                return self._result(True, reason)
+            stop = None
+            if self.early_stopping is not None and self.bad_epochs >= self.early_stopping["patience"]:
+                stop = (
+                    f"early stopping: {self.metric} did not improve by more than "
+                    f"{self.early_stopping['min_delta']:g} for {self.bad_epochs} epochs (best {self.best:.6g})"
+                )
+            if defer_checkpoint and self.epoch < self.epochs and stop is None:
+                self.save_checkpoint()
+            self._emit({"event": "epoch", **record})
+            if stop is not None:
+                if self.checkpoint is not None:
+                    self.save_checkpoint()
+                self._emit({"event": "stop", "reason": stop})
+                return self._result(True, stop)
+        if self.checkpoint is not None:
+            self.save_checkpoint()
+        return self._result(False, f"completed {self.epochs} epochs")
+
+    def _end_epoch(self, *, lr: float, seconds: float) -> dict[str, Any] | None:
+        train_loss = self._loss_sum / self._loss_n if self._loss_n else None
+        val_loss = val_acc = None
+        if self.val_loader is not None:
+            val_loss, val_acc = self.evaluate()
+            if not math.isfinite(val_loss):
+                return None
+        self.epoch += 1
+        record = {
+            "epoch": self.epoch,
+            "step": self.step,
+            "train_loss": train_loss,
+            "val_loss": val_loss,
+            "val_accuracy": val_acc,
+            "lr": lr,
+            "seconds": round(seconds, 6),
+        }
+        value = record[self.metric]
+        if value is not None:
+            if self._improved(value):
+                self.best, self.bad_epochs = float(value), 0
+            else:
+                self.bad_epochs += 1
+        self.history.append(record)
+        self._write_history(record)
+        self._loss_sum, self._loss_n, self._epoch_seconds = 0.0, 0, 0.0
+        return record
