@@ -46,6 +46,11 @@ def one_node_model(
     return model
 
 
+def _feeds(inputs: Sequence[np.ndarray | None]) -> dict[str, np.ndarray]:
+    """The feeds of one_node_model: in0, in1, ... for the inputs given (None ones are omitted)."""
+    return {f"in{k}": np.asarray(x) for k, x in enumerate(inputs) if x is not None}
+
+
 def ort_run(
     op_type: str,
     inputs: Sequence[np.ndarray | None],
@@ -64,8 +69,7 @@ def ort_run(
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     so.log_severity_level = 3  # one-node models declare no output shapes: ort warns on each
     sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    feeds = {f"in{k}": np.asarray(x) for k, x in enumerate(inputs) if x is not None}
-    return sess.run(None, feeds)
+    return sess.run(None, _feeds(inputs))
 
 
 def ref_run(
@@ -80,8 +84,7 @@ def ref_run(
     from onnx.reference import ReferenceEvaluator
 
     model = one_node_model(op_type, inputs, attrs, n_outputs=n_outputs, opset=opset)
-    feeds = {f"in{k}": np.asarray(x) for k, x in enumerate(inputs) if x is not None}
-    return ReferenceEvaluator(model).run(None, feeds)
+    return ReferenceEvaluator(model).run(None, _feeds(inputs))
 
 
 @functools.cache

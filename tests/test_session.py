@@ -20,6 +20,19 @@ BATCH = 8
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def run_device_script(script: str) -> subprocess.CompletedProcess:
+    """Runs a script in a fresh interpreter (a "device"); it must succeed."""
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, PYTHONPATH=ROOT),
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+
 def make_artifact(tmp_path, model="lenet", *, name="model.etrain", **kw) -> tuple[et.TrainingArtifact, str]:
     opts = dict(
         loss=et.CrossEntropyLoss(),
@@ -59,14 +72,7 @@ def test_resume_in_a_new_process_is_bit_identical(tmp_path):
             s.train_step(x, y)
         np.savez({str(tmp_path / "resumed.npz")!r}, **s.parameters())
     """)
-    proc = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=dict(os.environ, PYTHONPATH=ROOT),
-    )
-    assert proc.returncode == 0, proc.stderr
+    run_device_script(script)
     resumed = np.load(tmp_path / "resumed.npz")
     for name, value in whole.parameters().items():
         np.testing.assert_array_equal(resumed[name], value, err_msg=name)
@@ -185,14 +191,7 @@ def test_export_without_onnx_says_so(tmp_path):
         except et.UnsupportedError as e:
             print("REFUSED:", e)
     """)
-    proc = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=dict(os.environ, PYTHONPATH=ROOT),
-    )
-    assert proc.returncode == 0, proc.stderr
+    proc = run_device_script(script)
     assert "REFUSED: export_onnx needs the onnx package" in proc.stdout
     assert "pip install 'edgetrain[convert]'" in proc.stdout
     assert not (tmp_path / "x.onnx").exists()
