@@ -1,12 +1,124 @@
-"""The `edgetrain` command line: argv -> exit code (0 success, 1 failure with one clear line, 2 usage error)."""
+"""The `edgetrain` command line: argv -> exit code (0 success, 1 failure with one clear line, 2 usage error).
+
+    edgetrain convert | check | inspect | train | eval | export | demo
+    convert-inference-model  (the same as `edgetrain convert`)
+
+convert, check, export and demo need onnx (the build side); train, eval and inspect run with numpy alone.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import time
 from collections.abc import Sequence
+from typing import Any
 
 from .errors import EdgeTrainError
+from .progress import TrainProgress, duration, epoch_line, percent
+
+
+class UsageError(Exception):
+    """Arguments that cannot work together: exit code 2, like argparse's own errors."""
+
+
+def _mb(n: float) -> str:
+    return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 1024:.1f} KiB"
+
+
+def _default_checkpoint(artifact: str) -> str:
+    root, ext = os.path.splitext(artifact)
+    return (root if ext == ".etrain" else artifact) + ".etck"
+
+
+# ---- convert -----------------------------------------------------------------------------------------------------
+LOSSES = {"cross-entropy": "CrossEntropyLoss", "mse": "MSELoss", "l1": "L1Loss", "bce": "BCEWithLogitsLoss"}
+DEFAULT_LR = {"sgd": 0.01, "adam": 0.001, "adamw": 0.001}
+
+
+def _make_loss(args: argparse.Namespace):
+    import edgetrain as et
+
+    if args.label_smoothing and args.loss != "cross-entropy":
+        raise UsageError("--label-smoothing applies to --loss cross-entropy only")
+    if args.loss == "cross-entropy":
+        return et.CrossEntropyLoss(label_smoothing=args.label_smoothing or 0.0)
+    return getattr(et, LOSSES[args.loss])()
+
+
+def _make_optimizer(args: argparse.Namespace):
+    import edgetrain as et
+
+    lr = DEFAULT_LR[args.optimizer] if args.lr is None else args.lr
+    clip = {"clip_grad_norm": args.clip_grad_norm} if args.clip_grad_norm is not None else {}
+    if args.optimizer == "sgd":
+        momentum = 0.9 if args.momentum is None else args.momentum
+        return et.SGD(
+            lr=lr, momentum=momentum, weight_decay=args.weight_decay or 0.0, nesterov=args.nesterov, **clip
+        )
+    for flag, value in (("--momentum", args.momentum), ("--nesterov", args.nesterov or None)):
+        if value is not None:
+            raise UsageError(f"{flag} applies to --optimizer sgd only (Adam and AdamW have betas instead)")
+    cls = et.Adam if args.optimizer == "adam" else et.AdamW
+    wd = args.weight_decay if args.weight_decay is not None else (0.01 if args.optimizer == "adamw" else 0.0)
+    return cls(lr=lr, weight_decay=wd, **clip)
+
+
+def _config_text(cfg: dict[str, Any]) -> str:
+    rest = ", ".join(
+        f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in cfg.items() if k != "type"
+    )
+    return f"{cfg.get('type', '?')} ({rest})" if rest else str(cfg.get("type", "?"))
+
+
+def _convert(args: argparse.Namespace) -> int:
+    import edgetrain as et
+
+    from .container import read_container
+
+    if not os.path.isfile(args.model):
+        raise EdgeTrainError(f"{args.model}: no such file (convert takes an ONNX inference model)")
+    loss, optimizer = _make_loss(args), _make_optimizer(args)
+    out = args.output or os.path.splitext(args.model)[0] + ".etrain"
+    t0 = time.perf_counter()
+    art = et.convert(
+        args.model,
+        loss=loss,
+        optimizer=optimizer,
+        trainable=args.trainable,
+        batch_size=args.batch_size,
+        output=args.model_output,
+    )
+    size = art.save(out)
+    seconds = time.perf_counter() - t0
+    header, tensors = read_container(out, kind="artifact")
+    plan = header.get("plan", {})
+    n_train = sum(int(art.initial[p].size) for p in art.parameters)
+    frozen = art.frozen
+    n_frozen = sum(int(art.inference.initializers[p].size) for p in frozen)
+    batch = art.graph.values[art.data_inputs[0]].shape[0]
+    backward = len(art.graph.nodes) - len(art.inference.nodes)
+    print(f"converted {args.model} -> {out} ({_mb(size)}) in {duration(seconds)}")
+    print(f"  loss        {_config_text(art.loss_config)}")
+    print(f"  optimizer   {_config_text(art.optimizer_config)}")
+    print(f"  batch       {batch}")
+    print(
+        f"  parameters  {len(art.parameters)} trainable ({n_train:,} values), "
+        f"{len(frozen)} frozen ({n_frozen:,} values)"
+    )
+    print(
+        f"  program     {len(art.inference.nodes)} forward nodes, {backward} loss, gradient and update nodes; "
+        f"memory plan {_mb(plan.get('arena_size', 0))} (lower bound {_mb(plan.get('lower_bound', 0))})"
+    )
+    if args.emit_onnx:
+        from .container import atomic_write
+
+        model = art.training_onnx()
+        atomic_write(args.emit_onnx, model.SerializeToString())
+        print(f"  step ONNX   {args.emit_onnx} (one training step in standard ONNX; onnxruntime runs it)")
+    print(f"next: edgetrain train {out} --data DATA --epochs 5")
+    return 0
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -24,35 +136,477 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- data for train and eval --------------------------------------------------------------------------------------
+def _open_view(path: str, split: str, session) -> Any:
+    """The view of `path` (recognised by content), checked against the session's model: labels in range, samples
+    of the input's shape (reshaped when only the layout differs, e.g. 28x28 images for a 784-input MLP)."""
+    import numpy as np
+
+    from loaders import check_labels, open_data
+
+    kwargs: dict[str, Any] = {}
+    if os.path.isdir(path):
+        kwargs["split"] = split
+    try:
+        view = open_data(path, **kwargs)
+    except TypeError:  # a reader that does not take `split`
+        view = open_data(path)
+    names = session.artifact.io["data_inputs"]
+    if len(names) != 1:
+        raise EdgeTrainError(
+            f"the model has {len(names)} inputs ({', '.join(names)}); the command line trains one-input models: "
+            f"use TrainingSession with a dict of inputs from Python"
+        )
+    want = tuple(session.artifact.program.values[names[0]].shape[1:])
+    x0, _ = view.get_item(0)
+    got = tuple(np.shape(x0))
+    if got != want:
+        if int(np.prod(got)) != int(np.prod(want)):
+            raise EdgeTrainError(
+                f"{path}: samples have shape {list(got)} ({int(np.prod(got))} values), but the model's input "
+                f"'{names[0]}' takes {list(want)} ({int(np.prod(want))} values) per sample"
+            )
+    classes = session._n_classes
+    if classes is not None:
+        check_labels(view, classes)
+    return view, (None if got == want else want)
+
+
+def _reshaper(shape):
+    if shape is None:
+        return None
+
+    def reshape(x, y):
+        return x.reshape((len(x), *shape)), y
+
+    return reshape
+
+
+def _loaders(args: argparse.Namespace, session, batch: int):
+    from loaders import DataLoader, split
+
+    view, shape = _open_view(args.data, "train", session)
+    transform = _reshaper(shape)
+    val_view = None
+    if args.val_data is not None:
+        val_view, vshape = _open_view(args.val_data, "test", session)
+        vtransform = _reshaper(vshape)
+    elif args.val_split:
+        view, val_view = split(view, (1 - args.val_split, args.val_split), seed=args.seed)
+        vtransform = transform
+    n = view.size()
+    if n < batch:
+        raise EdgeTrainError(
+            f"{args.data}: {n} training samples make no batch of {batch} (the artifact's batch size); "
+            f"convert with --batch-size {n} or less"
+        )
+    train = DataLoader(
+        view,
+        batch,
+        shuffle=not args.no_shuffle,
+        seed=args.seed,
+        drop_last=n % batch != 0,
+        transform=transform,
+    )
+    val = None if val_view is None else DataLoader(val_view, batch, transform=vtransform)
+    return train, val
+
+
+def _schedule(text: str | None, warmup: int, total_steps: int):
+    import edgetrain as et
+
+    kind, _, rest = (text or "constant").partition(":")
+    values = [v for v in rest.split(":") if v] if rest else []
+    try:
+        nums = [float(v) for v in values]
+    except ValueError:
+        raise UsageError(f"--lr-schedule {text}: the values after ':' must be numbers") from None
+    if kind == "constant" and not nums:
+        schedule = et.ConstantLR()
+    elif kind == "step" and 1 <= len(nums) <= 2 and nums[0] == int(nums[0]) and nums[0] >= 1:
+        schedule = et.StepLR(int(nums[0]), *nums[1:])
+    elif kind == "cosine" and len(nums) <= 1:
+        schedule = et.CosineLR(total_steps, *nums)
+    else:
+        raise UsageError(
+            f"--lr-schedule {text}: use constant, step:STEPS[:GAMMA] (e.g. step:100:0.5) or cosine[:MIN_LR]"
+        )
+    return et.WarmupLR(schedule, warmup) if warmup else schedule
+
+
+def _schedule_text(cfg: dict[str, Any]) -> str:
+    kind = cfg.get("type")
+    if kind == "StepLR":
+        return f"times {cfg['gamma']:g} every {cfg['step_size']} steps"
+    if kind == "CosineLR":
+        return f"cosine decay to {cfg['min_lr']:g} over {cfg['total_steps']} steps"
+    if kind == "WarmupLR":
+        return f"linear warm-up over {cfg['warmup_steps']} steps, then {_schedule_text(cfg['schedule'])}"
+    return "constant"
+
+
+# ---- train, eval, export ------------------------------------------------------------------------------------------
+def _session(artifact: str):
+    import edgetrain as et
+
+    return et.TrainingSession(artifact)
+
+
+def _train(args: argparse.Namespace) -> int:
+    import edgetrain as et
+
+    from .trainer import session_batch
+
+    if args.val_data is not None and args.val_split is not None:
+        raise UsageError("give --val-data or --val-split, not both")
+    if args.val_split is not None and not 0 < args.val_split < 1:
+        raise UsageError(f"--val-split must lie between 0 and 1, got {args.val_split}")
+    for flag in ("epochs", "checkpoint_every", "early_stopping"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise UsageError(f"--{flag.replace('_', '-')} must be a positive integer, got {value}")
+    if args.warmup < 0:
+        raise UsageError(f"--warmup must be 0 or more steps, got {args.warmup}")
+    checkpoint = args.checkpoint or _default_checkpoint(args.artifact)
+    if os.path.exists(checkpoint) and not (args.resume or args.overwrite):
+        raise UsageError(
+            f"checkpoint {checkpoint} exists: --resume to continue that run, --overwrite to start over, "
+            f"or --checkpoint NEW.etck"
+        )
+    if args.resume and not os.path.exists(checkpoint):
+        raise EdgeTrainError(f"--resume: there is no checkpoint at {checkpoint} to continue from")
+    sess = _session(args.artifact)
+    if args.lr is not None:
+        sess.lr = args.lr
+    batch = session_batch(sess) or 32
+    train, val = _loaders(args, sess, batch)
+    classification = sess._n_classes is not None
+    if args.early_stopping and val is None:
+        raise UsageError("--early-stopping needs validation data: --val-data PATH or --val-split F")
+    total = args.epochs * len(train)
+    schedule = _schedule(args.lr_schedule, args.warmup, total)
+    bar = TrainProgress(total, batch)
+    trainer = et.Trainer(
+        sess,
+        train,
+        val_loader=val,
+        epochs=args.epochs,
+        schedule=schedule,
+        checkpoint=checkpoint,
+        checkpoint_every=args.checkpoint_every,
+        early_stopping=(
+            {"metric": "val_accuracy" if classification else "val_loss", "patience": args.early_stopping}
+            if args.early_stopping
+            else None
+        ),
+        history=args.log,
+        progress=bar,
+        classification=classification,
+    )
+    n_train, n_val = train.view.size(), (val.view.size() if val is not None else 0)
+    print(
+        f"training {args.artifact} on {args.data}: {n_train:,} samples"
+        + (f", {n_val:,} for validation" if val is not None else "")
+        + f"; batch {batch}, {len(train)} steps per epoch",
+        file=sys.stderr,
+    )
+    if args.resume:
+        from .container import read_container
+
+        state = read_container(checkpoint, kind="checkpoint")[0].get("user_state", {})
+        print(
+            f"resuming from {checkpoint}: {state.get('epoch', '?')} epoch(s), {state.get('step', '?')} steps done; "
+            f"base lr {state.get('base_lr', sess.lr):g}, {_schedule_text(schedule.config())}",
+            file=sys.stderr,
+        )
+    else:
+        print(f"base lr {sess.lr:g}, {_schedule_text(schedule.config())}", file=sys.stderr)
+    t0 = time.perf_counter()
+    result = trainer.fit(resume=args.resume)
+    bar.close()
+    seconds = time.perf_counter() - t0
+    _train_summary(args, result, seconds, batch, checkpoint, bar)
+    nonfinite = result.stopped_early and result.stop_reason.startswith("non-finite")
+    return 1 if nonfinite else 0
+
+
+def _train_summary(args, result, seconds: float, batch: int, checkpoint: str, bar: TrainProgress) -> None:
+    done = result.steps - bar.start_step if bar.last else 0
+    rate = done * batch / seconds if seconds > 0 else 0.0
+    head = f"trained {result.epochs} epoch(s), {result.steps} steps"
+    if bar.last:
+        head += f"; this run: {done} steps in {duration(seconds)} ({rate:,.0f} samples/s)"
+    print(head)
+    if result.history:
+        last = result.history[-1]
+        print("  last  " + epoch_line(last).strip())
+        if result.best is not None and result.metric.startswith("val"):
+            at = next(
+                (r["epoch"] for r in result.history if r.get(result.metric) == result.best),
+                result.history[-1]["epoch"],
+            )
+            best = percent(result.best) if result.metric == "val_accuracy" else f"{result.best:.4f}"
+            print(f"  best  {result.metric.replace('_', ' ')} {best} at epoch {at}")
+    if result.stopped_early:
+        print(f"  stopped: {result.stop_reason}")
+    print(f"  checkpoint  {checkpoint}")
+    if args.log:
+        print(f"  history     {args.log} (JSON lines)")
+    print(f"next: edgetrain eval {args.artifact} --data DATA --checkpoint {checkpoint}")
+    print(f"      edgetrain export {args.artifact} --checkpoint {checkpoint} -o personalized.onnx")
+
+
+def _load(sess, checkpoint: str | None, artifact: str) -> str:
+    if checkpoint is not None:
+        sess.load_checkpoint(checkpoint)
+        return f"checkpoint {checkpoint} (step {sess.step})"
+    note = "initial parameters of the artifact"
+    if os.path.exists(_default_checkpoint(artifact)):
+        note += f"; pass --checkpoint {_default_checkpoint(artifact)} for the trained ones"
+    return note
+
+
+def _eval(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from loaders import DataLoader
+
+    from .trainer import evaluate, session_batch
+
+    sess = _session(args.artifact)
+    which = _load(sess, args.checkpoint, args.artifact)
+    view, shape = _open_view(args.data, args.split, sess)
+    batch = session_batch(sess) or 32
+    loader = DataLoader(view, batch, transform=_reshaper(shape))
+    classification = sess._n_classes is not None
+    t0 = time.perf_counter()
+    loss, acc = evaluate(sess, loader, classification=classification)
+    seconds = time.perf_counter() - t0
+    n = view.size()
+    print(f"evaluated {args.artifact} on {args.data}: {n:,} samples in {duration(seconds)}")
+    print(f"  parameters  {which}")
+    print(f"  loss        {loss:.4f} (mean per sample)")
+    if acc is not None:
+        print(f"  accuracy    {percent(acc)} ({int(round(acc * n)):,} of {n:,})")
+        labels = np.asarray(view.labels()) if hasattr(view, "labels") else None
+        if labels is not None and sess._n_classes <= 20:
+            batches = DataLoader(view, 256, transform=_reshaper(shape))
+            preds = np.concatenate([np.argmax(sess.run(x), axis=1) for x, _ in batches])
+            per = []
+            for k in range(sess._n_classes):
+                mask = labels == k
+                if mask.any():
+                    per.append(f"{k}: {percent(float(np.mean(preds[mask] == k)))}")
+            print("  per class   " + "  ".join(per))
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    sess = _session(args.artifact)
+    which = _load(sess, args.checkpoint, args.artifact)
+    sess.export_onnx(args.output)
+    print(f"exported {args.output} ({_mb(os.path.getsize(args.output))}) from {which}")
+    if args.no_check:
+        return 0
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        print("  not checked: onnxruntime is not installed (pip install onnxruntime)")
+        return 0
+    name = sess.artifact.io["data_inputs"][0]
+    info = sess.artifact.program.values[name]
+    x = np.random.default_rng(0).random((2, *info.shape[1:])).astype(info.dtype)
+    ort_sess = ort.InferenceSession(args.output, providers=["CPUExecutionProvider"])
+    got = ort_sess.run(None, {ort_sess.get_inputs()[0].name: x})[0]
+    ref = sess.run(x)
+    diff = float(np.max(np.abs(got - ref)))
+    scale = float(np.max(np.abs(ref))) or 1.0
+    ok = diff <= 1e-4 * scale + 1e-5
+    print(
+        f"  checked with onnxruntime on a random batch: largest difference {diff:.1e} "
+        f"({'matches' if ok else 'DOES NOT MATCH'} edgetrain)"
+    )
+    return 0 if ok else 1
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    if args.epochs < 1:
+        raise UsageError(f"--epochs must be a positive integer, got {args.epochs}")
+    result = run_demo(args.out, epochs=args.epochs, plot=not args.no_plot)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            f.write(result.to_json() + "\n")
+    return 0
+
+
+# ---- the parser ----------------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="edgetrain", description="On-device training for ONNX models.")
-    p.add_argument("--debug", action="store_true", help="show the full traceback on errors")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--debug", action="store_true", default=argparse.SUPPRESS, help="show the full traceback on errors"
+    )
+    p = argparse.ArgumentParser(
+        prog="edgetrain",
+        parents=[common],
+        description="On-device training for ONNX models: convert an inference model into a training program, "
+        "train it on a device with numpy alone, export the personalized model.",
+    )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
     c = sub.add_parser(
-        "check", help="trainability report: ops, gradient coverage, parameters, what fails and why"
+        "convert", parents=[common], help="ONNX inference model -> training artifact (.etrain)"
+    )
+    _convert_arguments(c)
+
+    c = sub.add_parser(
+        "check",
+        parents=[common],
+        help="trainability report: ops, gradient coverage, parameters, what fails and why",
     )
     c.add_argument("model", help="an ONNX inference model (.onnx)")
     c.add_argument("--batch-size", type=int, default=1, help="batch size to check shapes at (default 1)")
     c.set_defaults(run=_check)
-    i = sub.add_parser("inspect", help="what is in an artifact (.etrain) or checkpoint (.etck)")
+
+    i = sub.add_parser(
+        "inspect", parents=[common], help="what is in an artifact (.etrain) or checkpoint (.etck)"
+    )
     i.add_argument("file", help="an artifact or checkpoint file")
     i.set_defaults(run=_inspect)
+
+    t = sub.add_parser("train", parents=[common], help="train an artifact on data, with checkpoints")
+    t.add_argument("artifact", help="a training artifact (.etrain) from `edgetrain convert`")
+    t.add_argument(
+        "--data", required=True, help="training data: an MNIST directory or idx pair, .npz or .csv"
+    )
+    t.add_argument("--val-data", help="validation data (an MNIST directory gives its test split)")
+    t.add_argument(
+        "--val-split", type=float, help="hold out this fraction of --data for validation, e.g. 0.1"
+    )
+    t.add_argument("--epochs", type=int, default=1, help="epochs to train (in all, when resuming; default 1)")
+    t.add_argument("--lr", type=float, help="base learning rate (default: the one given to convert)")
+    t.add_argument("--lr-schedule", help="constant (default), step:STEPS[:GAMMA] or cosine[:MIN_LR]")
+    t.add_argument("--warmup", type=int, default=0, help="steps of linear learning-rate warm-up (default 0)")
+    t.add_argument("--checkpoint", help="checkpoint file (default: the artifact's name with .etck)")
+    t.add_argument("--checkpoint-every", type=int, help="also save a checkpoint every N steps")
+    t.add_argument("--resume", action="store_true", help="continue the run saved in the checkpoint, exactly")
+    t.add_argument("--overwrite", action="store_true", help="start over even if the checkpoint exists")
+    t.add_argument(
+        "--early-stopping",
+        type=int,
+        metavar="EPOCHS",
+        help="stop after this many epochs without improvement of validation accuracy (loss for regression)",
+    )
+    t.add_argument("--log", help="write the history (one JSON line per epoch) to this file")
+    t.add_argument("--seed", type=int, default=0, help="shuffling and --val-split seed (default 0)")
+    t.add_argument("--no-shuffle", action="store_true", help="keep the data's order")
+    t.set_defaults(run=_train)
+
+    e = sub.add_parser(
+        "eval", parents=[common], help="loss and accuracy of an artifact or checkpoint on data"
+    )
+    e.add_argument("artifact", help="a training artifact (.etrain)")
+    e.add_argument("--data", required=True, help="an MNIST directory or idx pair, .npz or .csv")
+    e.add_argument("--checkpoint", help="trained parameters (default: the artifact's initial ones)")
+    e.add_argument("--split", default="test", choices=["train", "test"], help="split of an MNIST directory")
+    e.set_defaults(run=_eval)
+
+    x = sub.add_parser("export", parents=[common], help="personalized ONNX inference model from a checkpoint")
+    x.add_argument("artifact", help="a training artifact (.etrain)")
+    x.add_argument("--checkpoint", help="trained parameters (default: the artifact's initial ones)")
+    x.add_argument("-o", "--output", required=True, help="the ONNX file to write")
+    x.add_argument("--no-check", action="store_true", help="skip the onnxruntime check")
+    x.set_defaults(run=_export)
+
+    d = sub.add_parser(
+        "demo", parents=[common], help="personalize the embedded handwriting model (< 1 minute)"
+    )
+    d.add_argument(
+        "--out", default="edgetrain-demo", help="directory for the files (default ./edgetrain-demo)"
+    )
+    d.add_argument("--epochs", type=int, default=20, help="fine-tuning epochs (default 20)")
+    d.add_argument("--no-plot", action="store_true", help="do not write the training-curve plot")
+    d.add_argument("--json", help="also write the results as JSON to this file")
+    d.set_defaults(run=_demo)
     return p
+
+
+def _convert_arguments(c: argparse.ArgumentParser) -> None:
+    c.add_argument("model", help="an ONNX inference model (.onnx)")
+    c.add_argument("-o", "--output", help="the artifact to write (default: the model's name with .etrain)")
+    c.add_argument("--loss", choices=list(LOSSES), default="cross-entropy", help="default cross-entropy")
+    c.add_argument("--label-smoothing", type=float, help="cross-entropy label smoothing, e.g. 0.1")
+    c.add_argument("--optimizer", choices=list(DEFAULT_LR), default="sgd", help="default sgd")
+    c.add_argument("--lr", type=float, help="learning rate (default 0.01 for sgd, 0.001 for adam and adamw)")
+    c.add_argument("--momentum", type=float, help="sgd momentum (default 0.9)")
+    c.add_argument("--nesterov", action="store_true", help="sgd with Nesterov momentum")
+    c.add_argument("--weight-decay", type=float, help="default 0 (0.01 for adamw)")
+    c.add_argument("--clip-grad-norm", type=float, help="clip the global gradient norm to this value")
+    c.add_argument(
+        "--trainable",
+        nargs="+",
+        metavar="PATTERN",
+        help="parameters to train: names or glob patterns (default: all), e.g. 'fc.*'",
+    )
+    c.add_argument(
+        "--batch-size", type=int, default=32, help="fixes the model's symbolic batch dimension (default 32)"
+    )
+    c.add_argument("--model-output", help="the model output the loss reads (default: the first)")
+    c.add_argument("--emit-onnx", metavar="STEP.onnx", help="also write the training step as standard ONNX")
+    c.set_defaults(run=_convert)
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, where: str) -> int:
+    debug = getattr(args, "debug", False)
+    try:
+        return args.run(args)
+    except UsageError as e:
+        if debug:
+            raise
+        parser.print_usage(sys.stderr)
+        print(f"{where}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{where}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # every failure is one clear line; --debug shows the traceback
+        if debug:
+            raise
+        print(f"{where}: error: {_plain(e)}", file=sys.stderr)
+        return 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    try:
-        return args.run(args)
-    except EdgeTrainError as e:
-        if args.debug:
-            raise
-        print(f"edgetrain {args.command}: error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    return _run(parser, args, f"edgetrain {args.command}")
+
+
+def _plain(e: BaseException) -> str:
+    from loaders import DataError
+
+    if isinstance(e, (EdgeTrainError, DataError, ValueError)):  # messages written for users
+        return str(e)
+    if isinstance(e, OSError) and e.filename:
+        return f"{e.filename}: {e.strerror or e}"
+    if isinstance(e, ImportError) and e.name:
+        return f"this needs the {e.name} package, which is not installed (pip install 'edgetrain[dev]')"
+    return f"{type(e).__name__}: {e} (run with --debug for the traceback)"
+
+
+def convert_main(argv: Sequence[str] | None = None) -> int:
+    """`convert-inference-model`: the same as `edgetrain convert`."""
+    parser = argparse.ArgumentParser(
+        prog="convert-inference-model",
+        description="ONNX inference model -> training artifact (.etrain); the same as `edgetrain convert`.",
+    )
+    parser.add_argument("--debug", action="store_true", help="show the full traceback on errors")
+    _convert_arguments(parser)
+    args = parser.parse_args(argv)
+    return _run(parser, args, "convert-inference-model")
 
 
 if __name__ == "__main__":

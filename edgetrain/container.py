@@ -163,6 +163,29 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def atomic_write(path: str | os.PathLike, data: bytes) -> int:
+    """Writes bytes to path atomically (temp file beside it, fsync, rename, fsync of the directory): a crash
+    leaves the old file or the new one, whole. Returns the size."""
+    path = os.fspath(path)
+    fd, tmp = _create_temp(path)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if isinstance(e, OSError):
+            raise ArtifactError(f"cannot write '{path}': {e.strerror or e}") from e
+        raise
+    _fsync_dir(path)
+    return len(data)
+
+
 def write_container(
     path: str | os.PathLike, *, kind: str, header: dict, tensors: Mapping[str, np.ndarray]
 ) -> int:

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 import numpy as np
 import onnx
 
+from .container import atomic_write
 from .ir import Graph
 from .onnx_io import to_onnx
 
@@ -25,10 +26,4 @@ def export_inference(
     model = to_onnx(base.copy(initializers={**base.initializers, **params}))
     if props:
         onnx.helper.set_model_props(model, dict(props))
-    tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
-    try:
-        onnx.save(model, tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    atomic_write(path, model.SerializeToString())

@@ -28,7 +28,9 @@ __all__ = [
     "TrainResult",
     "Trainer",
     "WarmupLR",
+    "evaluate",
     "schedule_from_config",
+    "session_batch",
 ]
 
 
@@ -118,6 +120,52 @@ def schedule_from_config(cfg: Mapping[str, Any]) -> ILRSchedule:
     return _SCHEDULES[kind](**cfg)
 
 
+def _sample_loss_sum(session: TrainingSession, loss: float, n: int) -> float:
+    """The sum of per-sample losses behind a batch loss of n samples."""
+    reduction = session.artifact.header.get("loss", {}).get("reduction", "mean")
+    return loss * n if reduction == "mean" else loss
+
+
+def session_batch(session: TrainingSession) -> int | None:
+    """The batch size the artifact's training program was built for (None when it is symbolic)."""
+    io = session.artifact.io
+    shape = session.artifact.program.values[io["data_inputs"][0]].shape
+    return int(shape[0]) if shape and isinstance(shape[0], (int, np.integer)) else None
+
+
+def evaluate(
+    session: TrainingSession, loader: DataLoader, *, classification: bool = True
+) -> tuple[float, float | None]:
+    """(mean loss per sample, accuracy or None) of the session's current parameters over one pass of `loader`,
+    with inference semantics.
+
+    A short last batch is padded with copies of its first sample; the padding's share of the loss is taken
+    off using the loss of a batch made of that sample alone (exact for mean and sum reductions)."""
+    total, correct, n = 0.0, 0, 0
+    batch = session_batch(session)
+    for x, y in loader:
+        k = len(x)
+        b = batch or k
+        if k < b:
+            pad = b - k
+            xp = np.concatenate([x, np.repeat(x[:1], pad, axis=0)])
+            yp = np.concatenate([y, np.repeat(y[:1], pad, axis=0)])
+            loss, out = session.evaluate(xp, yp)
+            first, _ = session.evaluate(np.repeat(x[:1], b, axis=0), np.repeat(y[:1], b, axis=0))
+            s = _sample_loss_sum(session, loss, b) - pad * _sample_loss_sum(session, first, b) / b
+            out = out[:k]
+        else:
+            loss, out = session.evaluate(x, y)
+            s = _sample_loss_sum(session, loss, k)
+        total += s
+        n += k
+        if classification:
+            correct += int(np.sum(np.argmax(out, axis=1) == np.asarray(y).reshape(k, -1)[:, 0]))
+    if n == 0:
+        return float("nan"), None
+    return total / n, (correct / n if classification else None)
+
+
 # ---- the trainer ----------------------------------------------------------------------------------------------
 @dataclass
 class TrainResult:
@@ -175,7 +223,7 @@ class Trainer:
         self.progress = progress
         self.classification = bool(classification)
         self.early_stopping = self._check_early_stopping(early_stopping)
-        self._batch = self._session_batch()
+        self._batch = session_batch(session)
         self._check_loader(train_loader, "train_loader", train=True)
         if val_loader is not None:
             self._check_loader(val_loader, "val_loader", train=False)
@@ -209,11 +257,6 @@ class Trainer:
         if not math.isfinite(min_delta) or min_delta < 0:
             raise ValueError(f"early_stopping min_delta must be a finite number >= 0, got {min_delta}")
         return {"metric": metric, "patience": int(patience), "min_delta": min_delta}
-
-    def _session_batch(self) -> int | None:
-        io = self.session.artifact.io
-        shape = self.session.artifact.program.values[io["data_inputs"][0]].shape
-        return int(shape[0]) if shape and isinstance(shape[0], (int, np.integer)) else None
 
     def _check_loader(self, loader: DataLoader, name: str, *, train: bool) -> None:
         b = self._batch
@@ -275,9 +318,15 @@ class Trainer:
                 f"checkpoint '{self.checkpoint}' was not written by a Trainer (its user_state has no trainer "
                 "position); load it with TrainingSession.load_checkpoint instead"
             )
-        self.train_loader.restore(state["loader"])
-        if self.val_loader is not None and state.get("val_loader") is not None:
-            self.val_loader.restore(state["val_loader"])
+        try:
+            self.train_loader.restore(state["loader"])
+            if self.val_loader is not None and state.get("val_loader") is not None:
+                self.val_loader.restore(state["val_loader"])
+        except ValueError as e:
+            raise ValueError(
+                f"checkpoint '{self.checkpoint}' continues a run over other data ({e}); resume with the "
+                f"data, validation split and batch size of the run that wrote it"
+            ) from e
         self.epoch, self.step = int(state["epoch"]), int(state["step"])
         self.best = None if state["best"] is None else float(state["best"])
         self.bad_epochs = int(state["bad_epochs"])
@@ -287,39 +336,10 @@ class Trainer:
         self._epoch_seconds = 0.0
 
     # ---- evaluation --------------------------------------------------------------------------------------------
-    def _sample_loss_sum(self, loss: float, n: int) -> float:
-        """The sum of per-sample losses behind a batch loss of n samples."""
-        reduction = self.session.artifact.header.get("loss", {}).get("reduction", "mean")
-        return loss * n if reduction == "mean" else loss
-
     def evaluate(self, loader: DataLoader | None = None) -> tuple[float, float | None]:
-        """(mean loss per sample, accuracy or None) over one pass of `loader` (default: the val_loader).
-
-        A short last batch is padded with copies of its first sample; the padding's share of the loss is taken
-        off using the loss of a batch made of that sample alone (exact for mean and sum reductions)."""
+        """(mean loss per sample, accuracy or None) over one pass of `loader` (default: the val_loader)."""
         loader = self.val_loader if loader is None else loader
-        total, correct, n = 0.0, 0, 0
-        for x, y in loader:
-            k = len(x)
-            b = self._batch or k
-            if k < b:
-                pad = b - k
-                xp = np.concatenate([x, np.repeat(x[:1], pad, axis=0)])
-                yp = np.concatenate([y, np.repeat(y[:1], pad, axis=0)])
-                loss, out = self.session.evaluate(xp, yp)
-                first, _ = self.session.evaluate(np.repeat(x[:1], b, axis=0), np.repeat(y[:1], b, axis=0))
-                s = self._sample_loss_sum(loss, b) - pad * self._sample_loss_sum(first, b) / b
-                out = out[:k]
-            else:
-                loss, out = self.session.evaluate(x, y)
-                s = self._sample_loss_sum(loss, k)
-            total += s
-            n += k
-            if self.classification:
-                correct += int(np.sum(np.argmax(out, axis=1) == np.asarray(y).reshape(k, -1)[:, 0]))
-        if n == 0:
-            return float("nan"), None
-        return total / n, (correct / n if self.classification else None)
+        return evaluate(self.session, loader, classification=self.classification)
 
     # ---- the loop ----------------------------------------------------------------------------------------------
     def _improved(self, value: float) -> bool:
