@@ -176,8 +176,8 @@ def _reshaper(shape):
     if shape is None:
         return None
 
-    def reshape(x, y):
-        return x.reshape((len(x), *shape)), y
+    def reshape(x, y):  # one sample (the DataLoader's transforms take samples)
+        return x.reshape(shape), y
 
     return reshape
 

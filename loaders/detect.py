@@ -12,24 +12,26 @@ from .mnist import GZIP_MAGIC, MnistDataView, find_mnist_files, idx_header
 from .views import IDataView
 
 _SNIFF = 8192
+_SNIFF_WIDE = 1 << 20
 _DELIMITERS = (",", "\t", ";")
 
 
-def _head(path: str) -> tuple[bytes, bool]:
+def _head(path: str, size: int = _SNIFF) -> tuple[bytes, bool]:
     """The first bytes of a file, decompressed when it is gzip; and whether it was."""
     with open(path, "rb") as f:
-        head = f.read(_SNIFF)
+        head = f.read(size)
     if head[:2] != GZIP_MAGIC:
         return head, False
     try:
         with gzip.open(path, "rb") as f:
-            return f.read(_SNIFF), True
+            return f.read(size), True
     except (OSError, EOFError, zlib.error) as e:
         raise DataError(f"{path}: a damaged gzip file ({e})", path) from e
 
 
-def _csv_delimiter(head: bytes) -> str | None:
-    """The delimiter when the start of the file reads as a numeric table (a header row allowed), else None."""
+def _csv_delimiter(head: bytes, cut: bool) -> str | None:
+    """The delimiter when the start of the file reads as a numeric table (a header row allowed), else None.
+    cut: head is only the start of the file, so its last line may be incomplete."""
     if b"\0" in head:
         return None
     try:
@@ -39,7 +41,7 @@ def _csv_delimiter(head: bytes) -> str | None:
             return None
         text = head[: e.start].decode("utf-8-sig")
     lines = [ln for ln in text.splitlines()[:6] if ln.strip()]
-    if len(head) == _SNIFF and len(lines) > 1:
+    if cut and len(lines) > 1:
         lines = lines[:-1]  # the last line may be cut short
     for d in _DELIMITERS:
         if any(d in ln and all(_is_number(c.strip().strip('"')) for c in ln.split(d)) for ln in lines):
@@ -112,7 +114,11 @@ def open_data(path, **kwargs) -> IDataView:
         return _open_pair((path, other), **kwargs)
     if head[:6] == b"\x93NUMPY":
         raise DataError(f"{path}: one .npy array; save x and y together with np.savez(path, x=x, y=y)", path)
-    delimiter = _csv_delimiter(head)
+    delimiter = _csv_delimiter(head, cut=len(head) == _SNIFF)
+    if delimiter is None and len(head) == _SNIFF and b"\0" not in head and head.count(b"\n") < 2:
+        # wide rows (e.g. MNIST as CSV: 785 columns) do not fit the first block: look further
+        head, _ = _head(path, _SNIFF_WIDE)
+        delimiter = _csv_delimiter(head, cut=len(head) == _SNIFF_WIDE)
     if delimiter is not None:
         kwargs.setdefault("delimiter", delimiter)
         return CsvDataView(path, **kwargs)

@@ -91,10 +91,14 @@ def _is_number(cell: str) -> bool:
     return True
 
 
+LABEL_NAMES = ("label", "labels", "target", "class", "y")
+
+
 class CsvDataView(ArrayDataView):
     """A CSV file of numbers (optionally gzip-compressed): one sample per row, the label in `label_column`.
 
-    label_column: an index (negative counts from the end; -1 is the last column) or a header name.
+    label_column: an index (negative counts from the end; -1 is the last column), a header name, or "auto" (the
+    default): the column whose header is label, labels, target, class or y (any case), else the last column.
     header: "auto" (the first row is a header when any of its cells is not a number), True or False.
     x: the other columns as `dtype` (float32). y: int64 class labels when every label is a whole number
     (label_dtype="auto"), else floats of `dtype`; label_dtype= forces one. Errors name the row (data rows
@@ -104,7 +108,7 @@ class CsvDataView(ArrayDataView):
     def __init__(
         self,
         path: str | os.PathLike,
-        label_column: int | str = -1,
+        label_column: int | str = "auto",
         header: bool | str = "auto",
         dtype=np.float32,
         *,
@@ -144,6 +148,10 @@ class CsvDataView(ArrayDataView):
         super().__init__(x, y, num_classes=num_classes, source=path)
 
     def _label_index(self, path: str, label_column: int | str, ncols: int) -> int:
+        if label_column == "auto":
+            names = [c.strip().lower() for c in self.columns or []]
+            named = [k for k, c in enumerate(names) if c in LABEL_NAMES]
+            return named[0] if len(named) == 1 else ncols - 1
         if isinstance(label_column, str):
             if self.columns is None:
                 raise DataError(

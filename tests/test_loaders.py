@@ -498,6 +498,26 @@ def test_open_data_recognises_by_content(tmp_path):
     assert open_data(tmp_path / "semi.csv").x.tolist() == [[1, 2], [3, 4]]
 
 
+def test_wide_csv_is_recognised_and_its_label_column_found(tmp_path):
+    """MNIST as CSV (Kaggle's layout): a header 'label,pixel0,...,pixel783', the label first, rows longer than
+    the first block open_data reads to recognise a file."""
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, (6, 784))
+    y = rng.integers(0, 10, 6)
+    header = "label," + ",".join(f"pixel{i}" for i in range(784))
+    rows = [",".join(map(str, [label, *pixels])) for label, pixels in zip(y, x)]
+    (tmp_path / "mnist_train.csv").write_text(header + "\n" + "\n".join(rows) + "\n")
+    view = open_data(tmp_path / "mnist_train.csv")
+    assert isinstance(view, CsvDataView) and len(view) == 6
+    assert view.y.tolist() == y.tolist()  # the column named label, not the last one
+    np.testing.assert_array_equal(view.x, x.astype(np.float32))
+    # without a header naming it, the label is the last column
+    (tmp_path / "plain.csv").write_text("1,2,0\n3,4,1\n")
+    assert CsvDataView(tmp_path / "plain.csv").y.tolist() == [0, 1]
+    (tmp_path / "named.csv").write_text("Target,a,b\n0,1,2\n1,3,4\n")
+    assert CsvDataView(tmp_path / "named.csv").x.tolist() == [[1, 2], [3, 4]]
+
+
 def test_open_data_refuses_what_it_does_not_know(tmp_path):
     (tmp_path / "README.csv").write_text("This is not a table.\nJust words, and more words.\n")
     with pytest.raises(DataError, match=r"README\.csv: unrecognised data.*MNIST idx.*npz.*CSV"):
