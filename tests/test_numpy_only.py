@@ -4,24 +4,14 @@ training step derived from it runs and lowers the loss."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
+from device import PYTHONS, run_on_device
 
 ROOT = Path(__file__).resolve().parents[1]
 
-SCRIPT = textwrap.dedent("""
-    import sys
-    class Block:  # any import of onnx / onnxruntime fails, as on a phone without them
-        def find_spec(self, name, path=None, target=None):
-            if name.split(".")[0] in ("onnx", "onnxruntime", "torch"):
-                raise ImportError(f"blocked: {name}")
-    sys.meta_path.insert(0, Block())
-
+SCRIPT = """
     import numpy as np
     import edgetrain as et
     import edgetrain.runtime
@@ -75,33 +65,13 @@ SCRIPT = textwrap.dedent("""
         values = {k: out[v] for k, v in art.updates.items()}
     assert losses[-1] < losses[0], losses
 
-    leaked = sorted(m for m in sys.modules if m.split(".")[0] in ("onnx", "onnxruntime", "torch"))
-    assert not leaked, leaked
     print("numpy-only OK", np.__version__)
-""")
-
-
-# tools/test.sh makes a venv holding numpy 1.24 (Debian 12's version) and nothing else, and names it here.
-NUMPY124 = os.environ.get("EDGETRAIN_NUMPY124_PYTHON")
-PYTHONS = [
-    pytest.param(sys.executable, id="this-numpy"),
-    pytest.param(
-        NUMPY124,
-        id="numpy-1.24",
-        marks=pytest.mark.skipif(
-            not NUMPY124,
-            reason="set EDGETRAIN_NUMPY124_PYTHON (tools/test.sh does) to a python with numpy 1.24",
-        ),
-    ),
-]
+"""
 
 
 @pytest.mark.parametrize("python", PYTHONS)
 def test_runtime_runs_with_numpy_alone(python, report):
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run(
-        [python, "-c", SCRIPT], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env
-    )
+    proc = run_on_device(python, SCRIPT)  # onnx, onnxruntime and torch cannot be imported
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "numpy-only OK" in proc.stdout
     report("numpy-only runtime", proc.stdout.strip().splitlines()[-1] + f"  ({python})")
