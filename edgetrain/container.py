@@ -28,7 +28,7 @@ import mmap
 import os
 import struct
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -163,14 +163,13 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def atomic_write(path: str | os.PathLike, data: bytes) -> int:
-    """Writes bytes to path atomically (temp file beside it, fsync, rename, fsync of the directory): a crash
-    leaves the old file or the new one, whole. Returns the size."""
-    path = os.fspath(path)
+def _replace_atomically(path: str, fill: Callable[[BinaryIO], None]) -> None:
+    """fill() writes a temp file beside path, which is fsynced and renamed over path, and the directory fsynced:
+    a crash at any instant leaves the old file or the new one, whole. On an error the temp file is removed."""
     fd, tmp = _create_temp(path)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            fill(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -183,6 +182,11 @@ def atomic_write(path: str | os.PathLike, data: bytes) -> int:
             raise ArtifactError(f"cannot write '{path}': {e.strerror or e}") from e
         raise
     _fsync_dir(path)
+
+
+def atomic_write(path: str | os.PathLike, data: bytes) -> int:
+    """Writes bytes to path atomically (see _replace_atomically); returns the size."""
+    _replace_atomically(os.fspath(path), lambda f: f.write(data))
     return len(data)
 
 
@@ -196,37 +200,25 @@ def write_container(
     previous file at path untouched and no temporary file behind (a killed process may leave a `.*.tmp`)."""
     path = os.fspath(path)
     head, placed, total = _layout(path, kind, header, tensors)
-    fd, tmp = _create_temp(path)
-    try:
+
+    def fill(f: BinaryIO) -> None:
         h = hashlib.sha256()
-        with os.fdopen(fd, "wb") as f:
 
-            def put(b) -> None:
-                f.write(b)
-                h.update(b)
+        def put(b) -> None:
+            f.write(b)
+            h.update(b)
 
-            put(head)
-            pos = len(head)
-            for a, dt, offset, nbytes in placed:
-                put(bytes(offset - pos))
-                for chunk in _tensor_bytes(a, dt):
-                    put(chunk)
-                pos = offset + nbytes
-            f.write(h.digest())
-            f.flush()
-            written = f.tell()
-            assert written == total, f"wrote {written} bytes to '{tmp}', the layout says {total}"
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        if isinstance(e, OSError):
-            raise ArtifactError(f"cannot write '{path}': {e.strerror or e}") from e
-        raise
-    _fsync_dir(path)
+        put(head)
+        pos = len(head)
+        for a, dt, offset, nbytes in placed:
+            put(bytes(offset - pos))
+            for chunk in _tensor_bytes(a, dt):
+                put(chunk)
+            pos = offset + nbytes
+        f.write(h.digest())
+        assert f.tell() == total, f"wrote {f.tell()} bytes for '{path}', the layout says {total}"
+
+    _replace_atomically(path, fill)
     return total
 
 

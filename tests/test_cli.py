@@ -183,51 +183,15 @@ def test_train_eval_export_end_to_end(work):
 def test_resume_through_the_cli_is_exact(work):
     art = convert_mlp(work, "--lr", 0.05)
     a, b = work / "a.etck", work / "b.etck"
-    ok(
-        cli(
-            "train",
-            art,
-            "--data",
-            work / "train.npz",
-            "--epochs",
-            3,
-            "--checkpoint",
-            a,
-            "--log",
-            work / "a.jsonl",
-        )
-    )
-    ok(
-        cli(
-            "train",
-            art,
-            "--data",
-            work / "train.npz",
-            "--epochs",
-            1,
-            "--checkpoint",
-            b,
-            "--checkpoint-every",
-            4,
-            "--log",
-            work / "b.jsonl",
-        )
-    )
-    proc = ok(
-        cli(
-            "train",
-            art,
-            "--data",
-            work / "train.npz",
-            "--epochs",
-            3,
-            "--checkpoint",
-            b,
-            "--resume",
-            "--log",
-            work / "b.jsonl",
-        )
-    )
+
+    def train(ckpt, epochs, *extra):
+        log = work / f"{ckpt.stem}.jsonl"
+        args = ["--epochs", epochs, "--checkpoint", ckpt, "--log", log, *extra]
+        return ok(cli("train", art, "--data", work / "train.npz", *args))
+
+    train(a, 3)  # uninterrupted
+    train(b, 1, "--checkpoint-every", 4)  # stopped after an epoch, then resumed
+    proc = train(b, 3, "--resume")
     assert "resuming from" in proc.stderr and "1 epoch(s), 10 steps done" in proc.stderr
     ha, ta = read_container(a, kind="checkpoint")
     hb, tb = read_container(b, kind="checkpoint")
