@@ -97,7 +97,7 @@ class CrossEntropyLoss(ILoss):
         keep = g.op(
             "Cast",
             g.op("Not", g.op("Equal", target, g.const(np.asarray(self.ignore_index, np.int64)))),
-            to=_onnx_type(dtype),
+            to=onnx_type(dtype),
         )
         total = g.op("ReduceSum", g.op("Mul", nll, keep), keepdims=0)
         if self.reduction == "sum":
@@ -119,7 +119,7 @@ def _log_probabilities(g: GradContext, prediction: str) -> str:
     return g.op("LogSoftmax", prediction, axis=1)
 
 
-def _onnx_type(dtype: np.dtype) -> int:
+def onnx_type(dtype: np.dtype) -> int:
     from .runtime.kernels.cast import NUMPY_TO_ONNX
 
     return int(NUMPY_TO_ONNX[np.dtype(dtype)])

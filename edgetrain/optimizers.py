@@ -143,9 +143,9 @@ def _lr(g: TrainingContext, like: str) -> str:
     """The learning-rate input in like's dtype."""
     if g.dtype(g.lr) == g.dtype(like):
         return g.lr
-    from .losses import _onnx_type
+    from .losses import onnx_type
 
-    return g.op("Cast", g.lr, to=_onnx_type(g.dtype(like)))
+    return g.op("Cast", g.lr, to=onnx_type(g.dtype(like)))
 
 
 class Adam(IOptimizer):
@@ -200,9 +200,9 @@ class Adam(IOptimizer):
         g.update_state(v, v_new)
         t = g.step()[1]
         if g.dtype(t) != g.dtype(weight):
-            from .losses import _onnx_type
+            from .losses import onnx_type
 
-            t = g.op("Cast", t, to=_onnx_type(g.dtype(weight)))
+            t = g.op("Cast", t, to=onnx_type(g.dtype(weight)))
         one = g.scalar_like(1.0, weight)
         bc1 = g.op("Sub", one, g.op("Pow", g.scalar_like(b1, weight), t))
         bc2 = g.op("Sub", one, g.op("Pow", g.scalar_like(b2, weight), t))

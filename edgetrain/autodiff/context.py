@@ -45,9 +45,9 @@ class ShapedBuilder(GraphBuilder):
         return outs
 
     def _infer(self, node: Node) -> list[TensorInfo]:
-        from ..runtime.interpreter import _compile_step
+        from ..runtime.interpreter import compile_step
 
-        fn, kwargs = _compile_step(node)
+        fn, kwargs = compile_step(node)
         g = self.graph
         error: Exception | None = None
         for fill in (np.zeros, np.ones):

@@ -46,7 +46,7 @@ def supported_ops() -> list[str]:
     return sorted(op for op, k in KERNELS.items() if not k.domain)
 
 
-def _compile_step(node: Node) -> tuple[Callable[..., Any], dict[str, Any]]:
+def compile_step(node: Node) -> tuple[Callable[..., Any], dict[str, Any]]:
     """Resolves the kernel of one node and its keyword arguments; user errors name the node."""
     kern = KERNELS.get(node.op_type)
     domain = "" if node.domain == "ai.onnx" else node.domain
@@ -114,7 +114,7 @@ class Interpreter:
         buffers = self._arena_views(plan) if plan is not None else {}
         steps = []
         for idx, n in enumerate(graph.nodes):
-            fn, kwargs = _compile_step(n)
+            fn, kwargs = compile_step(n)
             writes_out = KERNELS[n.op_type].writes_out
             ins = tuple(self.slot[i] if i else none_slot for i in n.inputs)
             outs = tuple(self.slot[o] if o else -1 for o in n.outputs)

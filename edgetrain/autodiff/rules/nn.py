@@ -10,10 +10,10 @@ import numpy as np
 from ...errors import EdgeTrainError
 from ...ir import Node
 from ...runtime.kernels.nn import (
-    _avg_divisor,
-    _ints,
+    avg_divisor,
     conv_output_shape,
     conv_transpose_output_shape,
+    per_axis,
     pool_output_shape,
 )
 from ..context import GradContext
@@ -83,7 +83,9 @@ def _adjoint(sp, oshape, p, s, d, k) -> tuple[list[int], list[int]]:
 
 def _steps(attrs: dict[str, Any], nd: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(strides, dilations) of a window op's attributes, defaults filled in."""
-    return _ints(attrs.get("strides"), nd, 1, "strides"), _ints(attrs.get("dilations"), nd, 1, "dilations")
+    return per_axis(attrs.get("strides"), nd, 1, "strides"), per_axis(
+        attrs.get("dilations"), nd, 1, "dilations"
+    )
 
 
 def _cut(g: GradContext, v: str, ends: Sequence[int]) -> str:
@@ -172,7 +174,7 @@ def _conv_grad_input_body(g: GradContext, node: Node) -> list[str]:
     dy, w = node.inputs[:2]
     sp, oshape, k = tuple(node.attrs["output_shape"]), g.shape(dy)[2:], g.shape(w)[2:]
     s, d = _steps(node.attrs, len(sp))
-    p = _ints(node.attrs.get("pads"), 2 * len(sp), 0, "pads")
+    p = per_axis(node.attrs.get("pads"), 2 * len(sp), 0, "pads")
     pads, adj = _adjoint(sp, oshape, p, s, d, k)
     attrs = _window_attrs(
         group=node.attrs.get("group", 1), strides=s, dilations=d, pads=pads, output_padding=adj
@@ -191,7 +193,7 @@ def _conv_grad_weight_body(g: GradContext, node: Node) -> list[str]:
     m, oshape, nd = g.shape(dy)[1], g.shape(dy)[2:], len(sp)
     k, group = node.attrs["kernel_shape"], node.attrs.get("group", 1)
     s, d = _steps(node.attrs, nd)
-    p = _ints(node.attrs.get("pads"), 2 * nd, 0, "pads")
+    p = per_axis(node.attrs.get("pads"), 2 * nd, 0, "pads")
     # end pads that make the Conv's output exactly k; input past the last window is sliced off
     reach = [(oshape[i] - 1) * s[i] + (k[i] - 1) * d[i] + 1 - p[i] for i in range(nd)]
     x = _cut(g, x, reach)
@@ -261,7 +263,7 @@ def _average_pool_grad_body(g: GradContext, node: Node) -> list[str]:
     oshape2, p = pool_output_shape(sp, k, **geo)
     assert tuple(oshape2) == tuple(oshape), (oshape2, oshape)
     s, d = _steps(node.attrs, nd)
-    cnt = _avg_divisor(sp, oshape, p, k, s, d, node.attrs.get("count_include_pad", 0), g.dtype(dy))
+    cnt = avg_divisor(sp, oshape, p, k, s, d, node.attrs.get("count_include_pad", 0), g.dtype(dy))
     q = g.op("Div", dy, g.const(np.asarray(cnt, g.dtype(dy)), hint="count"))
     pads, adj = _adjoint(sp, oshape, p, s, d, k)
     ones = g.const(np.ones((c, 1) + k, g.dtype(dy)), hint="ones")

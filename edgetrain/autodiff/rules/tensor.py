@@ -395,25 +395,25 @@ def resize_grad(g: GradContext, node: Node, dys: Grads, needs: list[bool]) -> Gr
 
 def _resize_matrices(g: GradContext, node: Node, xs: tuple[int, ...]) -> list[tuple[int, np.ndarray]]:
     """(axis, W) of every axis the forward resamples, W of shape (n_out, n_in) in float64."""
-    from ...runtime.kernels.resize import _nearest_index, _resize_plan, _resize_weights, _source_coords
+    from ...runtime.kernels.resize import nearest_index, resize_plan, resize_weights, source_coords
 
     consts = [_const_array(g, node, k, what) for k, what in ((1, "roi"), (2, "scales"), (3, "sizes"))]
     mode, ctm = g.attr(node, "mode"), g.attr(node, "coordinate_transformation_mode")
     antialias, exclude = g.attr(node, "antialias"), g.attr(node, "exclude_outside")
-    plan = _resize_plan(xs, *consts, g.attr(node, "axes"), g.attr(node, "keep_aspect_ratio_policy"))
+    plan = resize_plan(xs, *consts, g.attr(node, "axes"), g.attr(node, "keep_aspect_ratio_policy"))
     out = []
     for a, n_out, rscale, r0, r1 in plan:
         n_in = xs[a]
         if rscale == 1 and n_out == n_in and (ctm != "tf_crop_and_resize" or (r0, r1) == (0, 1)):
             continue  # the kernel leaves this axis alone
-        src = _source_coords(ctm, n_out, n_in, rscale, r0, r1)
+        src = source_coords(ctm, n_out, n_in, rscale, r0, r1)
         if mode == "nearest":
             w = np.zeros((n_out, n_in))
-            w[np.arange(n_out), _nearest_index(src, g.attr(node, "nearest_mode"), n_in)] = 1.0
+            w[np.arange(n_out), nearest_index(src, g.attr(node, "nearest_mode"), n_in)] = 1.0
         else:
             scale = rscale if antialias else 1.0
             normalize = bool(antialias or exclude)
-            w = _resize_weights(
+            w = resize_weights(
                 src.astype(np.float64), n_in, mode, g.attr(node, "cubic_coeff_a"), scale, exclude, normalize
             )
         if ctm == "tf_crop_and_resize":

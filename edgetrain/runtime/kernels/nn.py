@@ -21,7 +21,8 @@ Ints = tuple[int, ...]
 # ---------------------------------------------------------------- geometry (shared with the gradient kernels)
 
 
-def _ints(values: Sequence[int] | None, n: int, default: int, name: str) -> Ints:
+def per_axis(values: Sequence[int] | None, n: int, default: int, name: str) -> Ints:
+    """An attribute with one value per spatial axis (strides, dilations, ...): n ints, `default` when absent."""
     if values is None or len(values) == 0:
         return (default,) * n
     if len(values) != n:
@@ -35,7 +36,7 @@ def _check_auto_pad(auto_pad: str) -> None:
 
 
 def _explicit_pads(pads: Sequence[int] | None, nd: int) -> Ints:
-    p = _ints(pads, 2 * nd, 0, "pads")
+    p = per_axis(pads, 2 * nd, 0, "pads")
     if min(p) < 0:
         raise UnsupportedError(f"pads={list(p)}: negative pads are not supported; crop with Slice instead")
     return p
@@ -54,9 +55,9 @@ def _window_geometry(
 ) -> tuple[Ints, Ints]:
     nd = len(in_shape)
     _check_auto_pad(auto_pad)
-    k = _ints(kernel_shape, nd, 1, "kernel_shape")
-    s = _ints(strides, nd, 1, "strides")
-    d = _ints(dilations, nd, 1, "dilations")
+    k = per_axis(kernel_shape, nd, 1, "kernel_shape")
+    s = per_axis(strides, nd, 1, "strides")
+    d = per_axis(dilations, nd, 1, "dilations")
     if min(s + d + k, default=1) < 1:
         raise UnsupportedError(f"kernel_shape={list(k)}, strides={list(s)}, dilations={list(d)} must be >= 1")
     p = list(_explicit_pads(pads, nd)) if auto_pad == "NOTSET" else [0] * (2 * nd)
@@ -151,11 +152,11 @@ def conv_transpose_output_shape(
     for SAME_UPPER, at the beginning otherwise (NOTSET, VALID, SAME_LOWER)."""
     nd = len(in_shape)
     _check_auto_pad(auto_pad)
-    k = _ints(kernel_shape, nd, 1, "kernel_shape")
-    s = _ints(strides, nd, 1, "strides")
-    d = _ints(dilations, nd, 1, "dilations")
-    adj = _ints(output_padding, nd, 0, "output_padding")
-    target = _ints(output_shape, nd, -1, "output_shape")
+    k = per_axis(kernel_shape, nd, 1, "kernel_shape")
+    s = per_axis(strides, nd, 1, "strides")
+    d = per_axis(dilations, nd, 1, "dilations")
+    adj = per_axis(output_padding, nd, 0, "output_padding")
+    target = per_axis(output_shape, nd, -1, "output_shape")
     p = list(_explicit_pads(pads, nd)) if auto_pad == "NOTSET" else [0] * (2 * nd)
     out = []
     for i, n in enumerate(in_shape):
@@ -177,7 +178,7 @@ def conv_transpose_output_shape(
 # ---------------------------------------------------------------- shared helpers
 
 
-def _compute_dtype(x: np.ndarray, op: str) -> np.dtype:
+def compute_dtype(x: np.ndarray, op: str) -> np.dtype:
     """float16 is computed in float32 (numpy's float16 matmul and sums are slow and lose precision)."""
     if x.dtype.type not in FLOAT_DTYPES:
         raise UnsupportedError(
@@ -192,7 +193,7 @@ def _target(out: np.ndarray | None, shape: Ints, dtype: np.dtype) -> np.ndarray:
     return np.empty(shape, dtype)
 
 
-def _deliver(y: np.ndarray, out: np.ndarray | None, dtype: np.dtype) -> np.ndarray:
+def deliver(y: np.ndarray, out: np.ndarray | None, dtype: np.dtype) -> np.ndarray:
     if out is not None:
         if y is not out:
             np.copyto(out, y, casting="unsafe")
@@ -200,7 +201,7 @@ def _deliver(y: np.ndarray, out: np.ndarray | None, dtype: np.dtype) -> np.ndarr
     return y if y.dtype == dtype else y.astype(dtype)
 
 
-def _spatial_rank(x: np.ndarray, op: str, kernel_shape: Sequence[int] | None = None) -> int:
+def spatial_rank(x: np.ndarray, op: str, kernel_shape: Sequence[int] | None = None) -> int:
     nd = x.ndim - 2
     if nd < 1:
         raise ShapeError(f"{op} needs an input of shape [N, C, spatial...], got {list(x.shape)}")
@@ -212,7 +213,7 @@ def _spatial_rank(x: np.ndarray, op: str, kernel_shape: Sequence[int] | None = N
     return nd
 
 
-def _padded(x: np.ndarray, pads: Ints, out_shape: Ints, k: Ints, s: Ints, d: Ints, fill) -> np.ndarray:
+def pad_input(x: np.ndarray, pads: Ints, out_shape: Ints, k: Ints, s: Ints, d: Ints, fill) -> np.ndarray:
     """x placed at its begin pads inside a fill-valued array just large enough for every window; x itself
     (no copy) when no window reaches outside it."""
     nd = len(out_shape)
@@ -226,7 +227,7 @@ def _padded(x: np.ndarray, pads: Ints, out_shape: Ints, k: Ints, s: Ints, d: Int
     return xp
 
 
-def _windows(k: Ints, s: Ints, d: Ints, out_shape: Ints) -> Iterator[tuple[Ints, tuple]]:
+def sliding_windows(k: Ints, s: Ints, d: Ints, out_shape: Ints) -> Iterator[tuple[Ints, tuple]]:
     """Each kernel offset (row-major) with the index of the strided slice of the padded input it reads."""
     for off in np.ndindex(*k):
         yield (
@@ -238,8 +239,8 @@ def _windows(k: Ints, s: Ints, d: Ints, out_shape: Ints) -> Iterator[tuple[Ints,
         )
 
 
-def _pool_setup(x, op, kernel_shape, auto_pad, ceil_mode, dilations, pads, strides):
-    nd = _spatial_rank(x, op, kernel_shape)
+def pool_setup(x, op, kernel_shape, auto_pad, ceil_mode, dilations, pads, strides):
+    nd = spatial_rank(x, op, kernel_shape)
     oshape, p = pool_output_shape(
         x.shape[2:],
         kernel_shape,
@@ -253,8 +254,8 @@ def _pool_setup(x, op, kernel_shape, auto_pad, ceil_mode, dilations, pads, strid
         oshape,
         p,
         tuple(int(v) for v in kernel_shape),
-        _ints(strides, nd, 1, "strides"),
-        _ints(dilations, nd, 1, "dilations"),
+        per_axis(strides, nd, 1, "strides"),
+        per_axis(dilations, nd, 1, "dilations"),
     )
 
 
@@ -304,14 +305,14 @@ def conv(
     strides: Sequence[int] | None = None,
     out: np.ndarray | None = None,
 ) -> np.ndarray:
-    ct = _compute_dtype(x, "Conv")
-    nd = _spatial_rank(x, "Conv")
+    ct = compute_dtype(x, "Conv")
+    nd = spatial_rank(x, "Conv")
     m, k = w.shape[0], w.shape[2:]
     _check_conv_shapes("Conv", x, w, b, group, kernel_shape, w.shape[1] * group, m)
     oshape, p = conv_output_shape(
         x.shape[2:], k, auto_pad=auto_pad, dilations=dilations, pads=pads, strides=strides
     )
-    s, d = _ints(strides, nd, 1, "strides"), _ints(dilations, nd, 1, "dilations")
+    s, d = per_axis(strides, nd, 1, "strides"), per_axis(dilations, nd, 1, "dilations")
     dtype, x, w = x.dtype, x.astype(ct, copy=False), w.astype(ct, copy=False)
     y = _target(out, x.shape[:1] + (m,) + oshape, ct)
     if max(k) == 1 and not any(p):
@@ -320,10 +321,10 @@ def conv(
     else:
         # depthwise (group == C) takes this path too: per channel a [1, K] @ [K, OH*OW] product, measured
         # 1.3-2.3x faster than fused multiply-adds over the kernel offsets (which need a temporary per offset)
-        _im2col_conv(_padded(x, p, oshape, k, s, d, 0), w, group, k, s, d, oshape, y)
+        _im2col_conv(pad_input(x, p, oshape, k, s, d, 0), w, group, k, s, d, oshape, y)
     if b is not None:
         y += b.astype(ct, copy=False).reshape((m,) + (1,) * nd)
-    return _deliver(y, out, dtype)
+    return deliver(y, out, dtype)
 
 
 def _grouped_matmul(w2: np.ndarray, cols: np.ndarray, group: int, y: np.ndarray) -> None:
@@ -381,8 +382,8 @@ def conv_transpose(
     strides: Sequence[int] | None = None,
     out: np.ndarray | None = None,
 ) -> np.ndarray:
-    ct = _compute_dtype(x, "ConvTranspose")
-    nd = _spatial_rank(x, "ConvTranspose")
+    ct = compute_dtype(x, "ConvTranspose")
+    nd = spatial_rank(x, "ConvTranspose")
     n, c = x.shape[:2]
     k, m = w.shape[2:], w.shape[1] * group
     _check_conv_shapes("ConvTranspose", x, w, b, group, kernel_shape, w.shape[0], m)
@@ -396,7 +397,7 @@ def conv_transpose(
         pads=pads,
         strides=strides,
     )
-    s, d = _ints(strides, nd, 1, "strides"), _ints(dilations, nd, 1, "dilations")
+    s, d = per_axis(strides, nd, 1, "strides"), per_axis(dilations, nd, 1, "dilations")
     dtype, x, w = x.dtype, x.astype(ct, copy=False), w.astype(ct, copy=False)
     # columns [N, G, Mg*K, S] = W^T @ X per group, then col2im adds each kernel offset's slab into place
     wt = w.reshape(group, c // group, -1).transpose(0, 2, 1)
@@ -419,7 +420,7 @@ def conv_transpose(
         else:
             yv = y[tuple(dst)]
             np.add(yv, cols[tuple(src)], out=yv)
-    return _deliver(y, out, dtype)
+    return deliver(y, out, dtype)
 
 
 # ---------------------------------------------------------------- MaxPool
@@ -445,21 +446,19 @@ def max_pool(
         raise UnsupportedError(
             f"MaxPool storage_order={storage_order} is not supported; use 0 (row-major) or 1 (column-major)"
         )
-    oshape, p, k, s, d = _pool_setup(
-        x, "MaxPool", kernel_shape, auto_pad, ceil_mode, dilations, pads, strides
-    )
+    oshape, p, k, s, d = pool_setup(x, "MaxPool", kernel_shape, auto_pad, ceil_mode, dilations, pads, strides)
     lowest = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
-    xp = _padded(x, p, oshape, k, s, d, lowest)
+    xp = pad_input(x, p, oshape, k, s, d, lowest)
     y = _target(out, x.shape[:2] + oshape, x.dtype)
     if noutputs < 2:
-        for j, (_, sl) in enumerate(_windows(k, s, d, oshape)):
+        for j, (_, sl) in enumerate(sliding_windows(k, s, d, oshape)):
             if j == 0:
                 np.copyto(y, xp[sl])
             else:
                 np.maximum(y, xp[sl], out=y)
-        return _deliver(y, out, x.dtype)
+        return deliver(y, out, x.dtype)
     idx = _max_pool_argmax(x, xp, y, oshape, p, k, s, d, storage_order)
-    return _deliver(y, out, x.dtype), idx
+    return deliver(y, out, x.dtype), idx
 
 
 def _max_pool_argmax(x, xp, y, oshape, p, k, s, d, storage_order) -> np.ndarray:
@@ -473,7 +472,7 @@ def _max_pool_argmax(x, xp, y, oshape, p, k, s, d, storage_order) -> np.ndarray:
         mult[i], acc = acc, acc * sp[i]
     idx = np.empty(y.shape, np.int64)
     real = np.empty(y.shape, bool)  # whether idx already points at a real (not padded) element
-    for j, (off, sl) in enumerate(_windows(k, s, d, oshape)):
+    for j, (off, sl) in enumerate(sliding_windows(k, s, d, oshape)):
         grid = [
             (np.arange(oshape[i], dtype=np.int64) * s[i] + off[i] * d[i] - p[i]).reshape(
                 (-1,) + (1,) * (nd - 1 - i)
@@ -502,7 +501,7 @@ def _max_pool_argmax(x, xp, y, oshape, p, k, s, d, storage_order) -> np.ndarray:
 # ---------------------------------------------------------------- AveragePool, LpPool
 
 
-def _avg_divisor(sp, oshape, p, k, s, d, count_include_pad: int, dtype) -> np.ndarray | float:
+def avg_divisor(sp, oshape, p, k, s, d, count_include_pad: int, dtype) -> np.ndarray | float:
     """Per-output-position element count, as onnxruntime: real elements only, or every window position up to
     the end of the explicit pads (never the extra region ceil_mode adds)."""
     nd = len(oshape)
@@ -525,7 +524,7 @@ def _avg_divisor(sp, oshape, p, k, s, d, count_include_pad: int, dtype) -> np.nd
 
 
 def _window_sum(xp: np.ndarray, k, s, d, oshape, y: np.ndarray) -> np.ndarray:
-    for j, (_, sl) in enumerate(_windows(k, s, d, oshape)):
+    for j, (_, sl) in enumerate(sliding_windows(k, s, d, oshape)):
         if j == 0:
             np.copyto(y, xp[sl])
         else:
@@ -546,14 +545,14 @@ def average_pool(
     strides: Sequence[int] | None = None,
     out: np.ndarray | None = None,
 ) -> np.ndarray:
-    ct = _compute_dtype(x, "AveragePool")
-    oshape, p, k, s, d = _pool_setup(
+    ct = compute_dtype(x, "AveragePool")
+    oshape, p, k, s, d = pool_setup(
         x, "AveragePool", kernel_shape, auto_pad, ceil_mode, dilations, pads, strides
     )
-    xp = _padded(x.astype(ct, copy=False), p, oshape, k, s, d, 0)
+    xp = pad_input(x.astype(ct, copy=False), p, oshape, k, s, d, 0)
     y = _window_sum(xp, k, s, d, oshape, _target(out, x.shape[:2] + oshape, ct))
-    y /= _avg_divisor(x.shape[2:], oshape, p, k, s, d, count_include_pad, ct)
-    return _deliver(y, out, x.dtype)
+    y /= avg_divisor(x.shape[2:], oshape, p, k, s, d, count_include_pad, ct)
+    return deliver(y, out, x.dtype)
 
 
 @kernel("LpPool")
@@ -569,21 +568,19 @@ def lp_pool(
     strides: Sequence[int] | None = None,
     out: np.ndarray | None = None,
 ) -> np.ndarray:
-    ct = _compute_dtype(x, "LpPool")
+    ct = compute_dtype(x, "LpPool")
     if p < 1:
         raise UnsupportedError(f"LpPool p={p} is not supported; use an integer p >= 1")
-    oshape, pp, k, s, d = _pool_setup(
-        x, "LpPool", kernel_shape, auto_pad, ceil_mode, dilations, pads, strides
-    )
+    oshape, pp, k, s, d = pool_setup(x, "LpPool", kernel_shape, auto_pad, ceil_mode, dilations, pads, strides)
     xa = np.abs(x.astype(ct, copy=False))
     xa = np.square(xa, out=xa) if p == 2 else np.power(xa, ct.type(p), out=xa) if p > 1 else xa
-    xp = _padded(xa, pp, oshape, k, s, d, 0)
+    xp = pad_input(xa, pp, oshape, k, s, d, 0)
     y = _window_sum(xp, k, s, d, oshape, _target(out, x.shape[:2] + oshape, ct))
     if p == 2:
         np.sqrt(y, out=y)
     elif p > 1:
         np.power(y, ct.type(1.0 / p), out=y)
-    return _deliver(y, out, x.dtype)
+    return deliver(y, out, x.dtype)
 
 
 # ---------------------------------------------------------------- global pools, LRN
@@ -591,12 +588,12 @@ def lp_pool(
 
 @kernel("GlobalAveragePool")
 def global_average_pool(x: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
-    ct = _compute_dtype(x, "GlobalAveragePool")
-    nd = _spatial_rank(x, "GlobalAveragePool")
+    ct = compute_dtype(x, "GlobalAveragePool")
+    nd = spatial_rank(x, "GlobalAveragePool")
     shape = x.shape[:2] + (1,) * nd
     y = _target(out, shape, ct)
     np.mean(x.reshape(x.shape[0], x.shape[1], -1), axis=2, dtype=ct, out=y.reshape(x.shape[:2]))
-    return _deliver(y, out, x.dtype)
+    return deliver(y, out, x.dtype)
 
 
 @kernel("GlobalMaxPool")
@@ -605,10 +602,10 @@ def global_max_pool(x: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarr
         raise UnsupportedError(
             f"GlobalMaxPool input dtype {x.dtype} is not supported; use a float or integer type"
         )
-    nd = _spatial_rank(x, "GlobalMaxPool")
+    nd = spatial_rank(x, "GlobalMaxPool")
     y = _target(out, x.shape[:2] + (1,) * nd, x.dtype)
     np.max(x.reshape(x.shape[0], x.shape[1], -1), axis=2, out=y.reshape(x.shape[:2]))
-    return _deliver(y, out, x.dtype)
+    return deliver(y, out, x.dtype)
 
 
 @kernel("LRN")
@@ -621,7 +618,7 @@ def lrn(
     size: int,
     out: np.ndarray | None = None,
 ) -> np.ndarray:
-    ct = _compute_dtype(x, "LRN")
+    ct = compute_dtype(x, "LRN")
     if size < 1:
         raise UnsupportedError(f"LRN size={size} is not supported; use a size >= 1")
     if x.ndim < 2:
@@ -640,4 +637,4 @@ def lrn(
     np.power(den, ct.type(beta), out=den)
     y = _target(out, x.shape, ct)
     np.divide(xc, den, out=y)
-    return _deliver(y, out, x.dtype)
+    return deliver(y, out, x.dtype)

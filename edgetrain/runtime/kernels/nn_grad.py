@@ -9,17 +9,17 @@ import numpy as np
 from ...errors import ShapeError
 from .nn import (
     IM2COL_BUDGET,
-    _avg_divisor,
-    _compute_dtype,
-    _deliver,
-    _ints,
-    _padded,
-    _pool_setup,
-    _spatial_rank,
-    _windows,
+    avg_divisor,
+    compute_dtype,
     conv_output_shape,
+    deliver,
     max_pool,
+    pad_input,
+    per_axis,
     pool_output_shape,
+    pool_setup,
+    sliding_windows,
+    spatial_rank,
 )
 from .registry import PRIVATE_DOMAIN, kernel
 
@@ -39,7 +39,7 @@ def _crop(dxp: np.ndarray, p: Sequence[int], sp: Sequence[int]) -> np.ndarray:
 
 
 def _extent(sp, p, oshape, k, s, d) -> tuple[int, ...]:
-    """The padded spatial extent every window fits in (as nn._padded's)."""
+    """The padded spatial extent every window fits in (as nn.pad_input's)."""
     return tuple(max(p[i] + n, (oshape[i] - 1) * s[i] + (k[i] - 1) * d[i] + 1) for i, n in enumerate(sp))
 
 
@@ -73,7 +73,7 @@ def _conv_setup(op: str, sp, k, group: int, nc: tuple[int, int], m: int, dy, dil
     if group < 1 or c % group or m % group:
         raise ShapeError(f"{op}: group={group} must divide the {c} input and {m} output channels")
     _check_dy(op, dy, (nc[0], m) + oshape)
-    s, d = _ints(strides, nd, 1, "strides"), _ints(dilations, nd, 1, "dilations")
+    s, d = per_axis(strides, nd, 1, "strides"), per_axis(dilations, nd, 1, "dilations")
     return oshape, p, s, d, _extent(sp, p, oshape, k, s, d)
 
 
@@ -95,8 +95,8 @@ def conv_grad_input(
 ) -> np.ndarray:
     """Conv's dX [N, C, output_shape...] from dY [N, M, out...] and W [M, C/group, k...] (explicit pads):
     columns W^T @ dY per group, then col2im adds each kernel offset's slab into the padded dX."""
-    ct = _compute_dtype(dy, "ConvGradInput")
-    _spatial_rank(dy, "ConvGradInput", w.shape[2:])
+    ct = compute_dtype(dy, "ConvGradInput")
+    spatial_rank(dy, "ConvGradInput", w.shape[2:])
     sp, k = tuple(int(v) for v in output_shape), w.shape[2:]
     n, m, c = dy.shape[0], w.shape[0], w.shape[1] * group
     oshape, p, s, d, ext = _conv_setup("ConvGradInput", sp, k, group, (n, c), m, dy, dilations, pads, strides)
@@ -104,7 +104,7 @@ def conv_grad_input(
     wt = w.astype(ct, copy=False).reshape(group, mg, cg * kk).transpose(0, 2, 1)
     if kk == 1 and oshape == sp and not any(p):  # pointwise: dX = W^T @ dY per group, no columns
         dx = np.matmul(wt, dy.astype(ct, copy=False).reshape(n, group, mg, -1))
-        return _deliver(dx.reshape((n, c) + sp), None, dy.dtype)
+        return deliver(dx.reshape((n, c) + sp), None, dy.dtype)
     dx = np.empty((n, c) + sp, ct)
     chunk = _chunk(n, c * kk * int(np.prod(oshape)), ct.itemsize)
     inner = (slice(None),) + tuple(slice(p[i], p[i] + sp[i]) for i in range(len(sp)))
@@ -113,11 +113,11 @@ def conv_grad_input(
         dyl = _batch_last(dy[lo:hi].astype(ct, copy=False)).reshape(group, mg, -1)
         cols = np.matmul(wt, dyl).reshape((c,) + k + oshape + (hi - lo,))
         dxl = np.zeros((c,) + ext + (hi - lo,), ct)
-        for off, sl in _windows(k, s, d, oshape):
+        for off, sl in sliding_windows(k, s, d, oshape):
             v = dxl[(slice(None),) + sl[2:]]
             np.add(v, cols[(slice(None),) + off], out=v)
         np.copyto(dx[lo:hi], np.moveaxis(dxl[inner], -1, 0))
-    return _deliver(dx, None, dy.dtype)
+    return deliver(dx, None, dy.dtype)
 
 
 @kernel("ConvGradWeight", domain=PRIVATE_DOMAIN)
@@ -135,8 +135,8 @@ def conv_grad_weight(
     """Conv's dW [M, C/group, k...] (and dB [M] as a second output) from dY [N, M, out...] and X [N, C, in...]
     (explicit pads): dW[m, c, k] = sum_{n, o} dY[n, m, o] * Xpad[n, c, o*s + k*d], one matmul per group over
     the im2col columns."""
-    ct = _compute_dtype(x, "ConvGradWeight")
-    _spatial_rank(x, "ConvGradWeight", kernel_shape)
+    ct = compute_dtype(x, "ConvGradWeight")
+    spatial_rank(x, "ConvGradWeight", kernel_shape)
     k = tuple(int(v) for v in kernel_shape)
     n, c, m = x.shape[0], x.shape[1], dy.shape[1]
     oshape, p, s, d, ext = _conv_setup(
@@ -150,8 +150,8 @@ def conv_grad_weight(
         db = (dy.reshape(n, m, -1) @ np.ones(dyg.shape[-1], ct)).sum(axis=0) if noutputs > 1 else None
     else:
         dw, db = _weight_grad_columns(dy, x, group, k, oshape, p, s, d, ext, noutputs > 1)
-    dw = _deliver(dw.reshape((m, c // group) + k), None, dtype)
-    return dw if db is None else (dw, _deliver(db, None, dtype))
+    dw = deliver(dw.reshape((m, c // group) + k), None, dtype)
+    return dw if db is None else (dw, deliver(db, None, dtype))
 
 
 def _weight_grad_columns(dy, x, group, k, oshape, p, s, d, ext, want_b):
@@ -166,7 +166,7 @@ def _weight_grad_columns(dy, x, group, k, oshape, p, s, d, ext, want_b):
         hi = min(n, lo + chunk)
         xl = _batch_last(x[lo:hi], p, ext)
         cols = buf[: c * kk * npos * (hi - lo)].reshape((c,) + k + oshape + (hi - lo,))
-        for off, sl in _windows(k, s, d, oshape):
+        for off, sl in sliding_windows(k, s, d, oshape):
             np.copyto(cols[(slice(None),) + off], xl[(slice(None),) + sl[2:]])
         dyl = _batch_last(dy[lo:hi]).reshape(group, mg, -1)
         # per group dW [Mg, Cg*K] = dY [Mg, P*n] @ columns^T (a transposed operand: no copy for BLAS)
@@ -194,18 +194,18 @@ def max_pool_grad(
 ) -> np.ndarray:
     """MaxPool's dX from dY, X and (optionally; recomputed when omitted) the forward's Y: each dY goes to the
     first maximum of its window in window order (onnxruntime's Indices); attributes as the forward's."""
-    ct = _compute_dtype(x, "MaxPoolGrad")
+    ct = compute_dtype(x, "MaxPoolGrad")
     geo = dict(auto_pad=auto_pad, ceil_mode=ceil_mode, dilations=dilations, pads=pads, strides=strides)
-    oshape, p, k, s, d = _pool_setup(x, "MaxPoolGrad", kernel_shape, **geo)
+    oshape, p, k, s, d = pool_setup(x, "MaxPoolGrad", kernel_shape, **geo)
     _check_dy("MaxPoolGrad", dy, x.shape[:2] + oshape)
     if y is None:
         y = max_pool(x, kernel_shape=kernel_shape, **geo)
     _check_dy("MaxPoolGrad (Y)", y, x.shape[:2] + oshape)
-    xp = _padded(x, p, oshape, k, s, d, -np.inf)
+    xp = pad_input(x, p, oshape, k, s, d, -np.inf)
     dy = dy.astype(ct, copy=False)
     dxp = np.zeros(xp.shape, ct)
     add = _overlapping(k, s, d)
-    windows = list(_windows(k, s, d, oshape))
+    windows = list(sliding_windows(k, s, d, oshape))
     taken = np.empty(y.shape, bool)  # outputs whose maximum an earlier kernel offset already claimed
     hit = np.empty(y.shape, bool)
     part = np.empty(y.shape, ct) if add else None
@@ -226,7 +226,7 @@ def max_pool_grad(
             np.add(dst, part, out=dst)
         else:  # each element lies in one window at most: placed, not added
             np.multiply(dy, mask, out=dst)
-    return _deliver(_crop(dxp, p, x.shape[2:]), None, x.dtype)
+    return deliver(_crop(dxp, p, x.shape[2:]), None, x.dtype)
 
 
 # ---------------------------------------------------------------- AveragePoolGrad
@@ -247,9 +247,9 @@ def average_pool_grad(
 ) -> np.ndarray:
     """AveragePool's dX [N, C, output_shape...] from dY: dY / count added over each window's elements;
     the other attributes are the forward's."""
-    ct = _compute_dtype(dy, "AveragePoolGrad")
+    ct = compute_dtype(dy, "AveragePoolGrad")
     sp = tuple(int(v) for v in output_shape)
-    nd = _spatial_rank(dy, "AveragePoolGrad", kernel_shape)
+    nd = spatial_rank(dy, "AveragePoolGrad", kernel_shape)
     oshape, p = pool_output_shape(
         sp,
         kernel_shape,
@@ -261,14 +261,14 @@ def average_pool_grad(
     )
     _check_dy("AveragePoolGrad", dy, dy.shape[:2] + oshape)
     k = tuple(int(v) for v in kernel_shape)
-    s, d = _ints(strides, nd, 1, "strides"), _ints(dilations, nd, 1, "dilations")
-    dyd = dy.astype(ct) / _avg_divisor(sp, oshape, p, k, s, d, count_include_pad, ct)
+    s, d = per_axis(strides, nd, 1, "strides"), per_axis(dilations, nd, 1, "dilations")
+    dyd = dy.astype(ct) / avg_divisor(sp, oshape, p, k, s, d, count_include_pad, ct)
     dxp = np.zeros(dy.shape[:2] + _extent(sp, p, oshape, k, s, d), ct)
     add = _overlapping(k, s, d)
-    for _, sl in _windows(k, s, d, oshape):
+    for _, sl in sliding_windows(k, s, d, oshape):
         dst = dxp[sl]
         if add:
             np.add(dst, dyd, out=dst)
         else:
             np.copyto(dst, dyd)
-    return _deliver(_crop(dxp, p, sp), None, dy.dtype)
+    return deliver(_crop(dxp, p, sp), None, dy.dtype)

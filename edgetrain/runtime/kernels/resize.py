@@ -56,20 +56,20 @@ def resize(
             f"Resize: mode={mode!r} supports float inputs only, got {X.dtype} "
             "(mode='nearest' takes every dtype)"
         )
-    plan = _resize_plan(X.shape, roi, scales, sizes, axes, keep_aspect_ratio_policy)
+    plan = resize_plan(X.shape, roi, scales, sizes, axes, keep_aspect_ratio_policy)
     work = X.dtype if X.dtype == np.float64 or mode == "nearest" else np.dtype(np.float32)
     y, masks = X, []
     for a, n_out, rscale, r0, r1 in sorted(plan, key=lambda p: p[1] / max(X.shape[p[0]], 1)):  # shrink first
         n_in = X.shape[a]
         if rscale == 1 and n_out == n_in and (ctm != "tf_crop_and_resize" or (r0, r1) == (0, 1)):
             continue  # identity along this axis
-        x = _source_coords(ctm, n_out, n_in, rscale, r0, r1)
+        x = source_coords(ctm, n_out, n_in, rscale, r0, r1)
         if ctm == "tf_crop_and_resize":
             masks.append((a, (x < 0) | (x > n_in - 1)))
         if mode == "nearest":
-            y = np.take(y, _nearest_index(x, nearest_mode, n_in), axis=a)
+            y = np.take(y, nearest_index(x, nearest_mode, n_in), axis=a)
         else:
-            w = _resize_weights(
+            w = resize_weights(
                 x.astype(np.float64),
                 n_in,
                 mode,
@@ -88,7 +88,7 @@ def resize(
     return y.astype(X.dtype, copy=False) if y is not X else y.copy()
 
 
-def _resize_plan(shape, roi, scales, sizes, axes, policy) -> list[tuple[int, int, float, float, float]]:
+def resize_plan(shape, roi, scales, sizes, axes, policy) -> list[tuple[int, int, float, float, float]]:
     """(axis, output size, scale, roi start, roi end) per resized axis, with onnxruntime's float32 scales."""
     f32 = np.float32
     r = len(shape)
@@ -126,7 +126,7 @@ def _floats(a) -> list[float]:
     return [float(v) for v in np.asarray(a, np.float32).reshape(-1)]
 
 
-def _source_coords(ctm: str, n_out: int, n_in: int, rscale: float, r0: float, r1: float) -> np.ndarray:
+def source_coords(ctm: str, n_out: int, n_in: int, rscale: float, r0: float, r1: float) -> np.ndarray:
     """x_original of every output index, in float32 and in onnxruntime's order of operations: nearest-pixel
     rounding at exact halves must come out the same."""
     f = np.float32
@@ -148,7 +148,7 @@ def _source_coords(ctm: str, n_out: int, n_in: int, rscale: float, r0: float, r1
     return np.full(n_out, f(0.5 * (float(r0) + float(r1)) * (n_in - 1)), f)
 
 
-def _nearest_index(x: np.ndarray, nearest_mode: str, n_in: int) -> np.ndarray:
+def nearest_index(x: np.ndarray, nearest_mode: str, n_in: int) -> np.ndarray:
     fl = np.floor(x)
     if nearest_mode == "round_prefer_floor":
         i = fl + (x - fl > 0.5)
@@ -159,7 +159,7 @@ def _nearest_index(x: np.ndarray, nearest_mode: str, n_in: int) -> np.ndarray:
     return np.clip(i, 0, n_in - 1).astype(np.intp)
 
 
-def _resize_weights(
+def resize_weights(
     x: np.ndarray, n_in: int, mode: str, a: float, rscale: float, exclude_outside: int, normalize: bool
 ) -> np.ndarray:
     """The (n_out, n_in) matrix of one axis: linear or cubic taps around each x, stretched by 1/rscale when
