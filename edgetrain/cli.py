@@ -27,6 +27,10 @@ def _mb(n: float) -> str:
     return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 1024:.1f} KiB"
 
 
+def _plural(n: int, what: str) -> str:
+    return f"{n:,} {what}" + ("" if n == 1 else "s")
+
+
 def _default_checkpoint(artifact: str) -> str:
     root, ext = os.path.splitext(artifact)
     return (root if ext == ".etrain" else artifact) + ".etck"
@@ -66,9 +70,9 @@ def _make_optimizer(args: argparse.Namespace):
 
 
 def _config_text(cfg: dict[str, Any]) -> str:
-    rest = ", ".join(
-        f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in cfg.items() if k != "type"
-    )
+    """SGD (lr 0.01, momentum 0.9): the settings that are on (None and False ones left out)."""
+    shown = {k: v for k, v in cfg.items() if k != "type" and v is not None and v is not False}
+    rest = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in shown.items())
     return f"{cfg.get('type', '?')} ({rest})" if rest else str(cfg.get("type", "?"))
 
 
@@ -108,7 +112,8 @@ def _convert(args: argparse.Namespace) -> int:
         f"{len(frozen)} frozen ({n_frozen:,} values)"
     )
     print(
-        f"  program     {len(art.inference.nodes)} forward nodes, {backward} loss, gradient and update nodes; "
+        f"  program     {_plural(len(art.inference.nodes), 'forward node')}, "
+        f"{_plural(backward, 'loss, gradient and update node')}; "
         f"memory plan {_mb(plan.get('arena_size', 0))} (lower bound {_mb(plan.get('lower_bound', 0))})"
     )
     if args.emit_onnx:

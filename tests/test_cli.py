@@ -385,3 +385,37 @@ def test_no_stray_files(work):
         == 1
     )
     assert (work / "mlp.etck").read_bytes() == (work / "keep.etck").read_bytes()  # the last good one stays
+
+
+def test_regression_with_mse(tmp_path):
+    """A regression model: MSE loss, float targets from an .npz, no accuracy; eval's loss is numpy's."""
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((8, 3)) * 0.1).astype(np.float32)
+    g = onnx.helper.make_graph(
+        [onnx.helper.make_node("MatMul", ["x", "W"], ["y"])],
+        "regressor",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 8])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 3])],
+        [onnx.numpy_helper.from_array(w, "W")],
+    )
+    onnx.save(
+        onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", 18)]), tmp_path / "reg.onnx"
+    )
+    x = rng.standard_normal((200, 8)).astype(np.float32)
+    t = x @ rng.standard_normal((8, 3)).astype(np.float32)
+    np.savez(tmp_path / "reg.npz", x=x, y=t)
+    art = tmp_path / "reg.etrain"
+    proc = ok(
+        cli("convert", tmp_path / "reg.onnx", "-o", art, "--loss", "mse", "--lr", 0.05, "--batch-size", 20)
+    )
+    assert "MSELoss" in proc.stdout and "1 forward node," in proc.stdout
+    proc = ok(cli("train", art, "--data", tmp_path / "reg.npz", "--epochs", 8, "--val-split", 0.2))
+    assert "val accuracy" not in proc.stderr and "val loss" in proc.stderr
+    proc = ok(cli("eval", art, "--data", tmp_path / "reg.npz", "--checkpoint", tmp_path / "reg.etck"))
+    assert "accuracy" not in proc.stdout
+    sess = et.TrainingSession(art)
+    sess.load_checkpoint(tmp_path / "reg.etck")
+    want = float(np.mean((x.astype(np.float64) @ sess.parameters()["W"] - t) ** 2))
+    got = float(re.search(r"loss\s+([\d.]+)", proc.stdout).group(1))
+    assert abs(got - want) <= 1e-4 + 1e-3 * want, (got, want)
+    assert want < 0.5 * float(np.mean((x.astype(np.float64) @ w - t) ** 2))  # it learned
