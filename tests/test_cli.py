@@ -419,3 +419,43 @@ def test_regression_with_mse(tmp_path):
     got = float(re.search(r"loss\s+([\d.]+)", proc.stdout).group(1))
     assert abs(got - want) <= 1e-4 + 1e-3 * want, (got, want)
     assert want < 0.5 * float(np.mean((x.astype(np.float64) @ w - t) ** 2))  # it learned
+
+
+def test_killed_run_resumes_to_the_same_result(work):
+    """SIGKILL a real `edgetrain train` mid-run; `--resume` from its checkpoint ends bit for bit where an
+    uninterrupted run does, and the checkpoint it left was whole."""
+    import signal
+    import time
+
+    art = convert_mlp(work, "--lr", 0.02)
+    steps = 200 * 10  # 200 epochs of 10 batches: seconds, so that the kill lands mid-run
+    common = ["--data", work / "train.npz", "--epochs", 200, "--checkpoint-every", 7]
+    ok(cli("train", art, *common, "--checkpoint", work / "ref.etck", "--log", work / "ref.jsonl"))
+    cmd = [sys.executable, "-m", "edgetrain.cli", "train", art, *common, "--checkpoint", work / "run.etck"]
+    cmd += ["--log", work / "run.jsonl"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen(
+        list(map(str, cmd)), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
+    )
+    deadline = time.monotonic() + 120
+    while not (work / "run.etck").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    header, _ = read_container(work / "run.etck", kind="checkpoint")  # whole: its checksum verifies
+    killed_at = header["step"]
+    proc = ok(
+        cli("train", art, *common, "--checkpoint", work / "run.etck", "--log", work / "run.jsonl", "--resume")
+    )
+    _, ref = read_container(work / "ref.etck", kind="checkpoint")
+    _, got = read_container(work / "run.etck", kind="checkpoint")
+    assert all(np.array_equal(ref[k], got[k]) for k in ref)
+
+    def rows(p):
+        return [
+            {k: v for k, v in json.loads(s).items() if k != "seconds"} for s in p.read_text().splitlines()
+        ]
+
+    assert rows(work / "run.jsonl") == rows(work / "ref.jsonl")
+    assert 0 < killed_at < steps and killed_at % 7 == 0, killed_at
