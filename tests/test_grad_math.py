@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from grad_harness import build, check_against_onnxruntime, check_grad, record
+from grad_harness import build, check_against_onnxruntime, check_grad, record, rnd
 
 from edgetrain.errors import UnsupportedError
 
@@ -79,6 +79,9 @@ REDUCE = [
     "ReduceLogSumExp",
     "ReduceMax",
     "ReduceMin",
+    "ReduceL1",
+    "ReduceLogSum",
+    "ReduceProd",
 ]
 AXES = [None, ax(1), ax(-1), ax(0, 2), ax(-3, -1), ax(0, 1, 2)]
 
@@ -93,15 +96,41 @@ def distinct(*shape):
 @pytest.mark.parametrize("axes", AXES, ids=lambda a: "none" if a is None else str(a.tolist()))
 @pytest.mark.parametrize("keepdims", [0, 1])
 def test_reduce(op, axes, keepdims):
-    x = distinct(2, 3, 4) if op in ("ReduceMax", "ReduceMin") else r(2, 3, 4)
-    run(op, [x, axes], dict(keepdims=keepdims), wrt=[0])
+    run(op, [reduce_input(op, 2, 3, 4), axes], dict(keepdims=keepdims), wrt=[0])
+
+
+def reduce_input(op, *shape):
+    if op in ("ReduceMax", "ReduceMin"):
+        return distinct(*shape)
+    if op == "ReduceLogSum":  # a positive sum
+        return np.abs(r(*shape)) + 0.1
+    if op == "ReduceL1":  # away from the kink at 0
+        return rnd(*shape, away=(0.0,))
+    return r(*shape)
 
 
 @pytest.mark.parametrize("op", REDUCE)
 @pytest.mark.parametrize("axes", [None, ax()], ids=["absent", "empty"])
 def test_reduce_noop(op, axes):
-    x = distinct(2, 3) if op in ("ReduceMax", "ReduceMin") else r(2, 3)
-    run(op, [x, axes], dict(noop_with_empty_axes=1, keepdims=0), wrt=[0])
+    run(op, [reduce_input(op, 2, 3), axes], dict(noop_with_empty_axes=1, keepdims=0), wrt=[0])
+
+
+@pytest.mark.parametrize("zeros", [1, 2])
+def test_reduce_prod_with_zeros(zeros):
+    """A product is smooth through zeros: the rule must not divide by them (one zero: only that element has a
+    gradient, the product of the rest; two: none has)."""
+    x = r(3, 4)
+    x[0, 1] = 0.0
+    if zeros == 2:
+        x[0, 3] = 0.0
+    x[2, 2] = 0.0
+    run("ReduceProd", [x, ax(1)], dict(keepdims=0), wrt=[0])
+    graph, _, feeds = build("ReduceProd", [x, ax(1)], dict(keepdims=0), [0], 1, 0, np.float64)
+    from edgetrain.runtime.interpreter import Interpreter
+
+    dx = Interpreter(graph, preallocate=False).run(feeds)[1]
+    assert np.isfinite(dx).all()
+    assert (dx[0] != 0).sum() == (1 if zeros == 1 else 0)
 
 
 @pytest.mark.parametrize("op", ["ReduceMax", "ReduceMin"])

@@ -187,6 +187,44 @@ def reduce_log_sum_exp_grad(g: GradContext, node: Node, dys: Grads, needs: list[
     return [g.op("Mul", p, _kept(g, node, dy))]
 
 
+# y = sum(|x|, axes): dx = sign(x) * dy (0 at x = 0, as Abs's rule; the no-op form y = |x| is the same formula)
+@grad("ReduceL1")
+def reduce_l1_grad(g: GradContext, node: Node, dys: Grads, needs: list[bool]) -> Grads:
+    x, dy = node.inputs[0], dys[0]
+    return [g.op("Mul", g.op("Sign", x), _kept(g, node, dy))]
+
+
+# y = log(sum(x, axes)): dx = dy / sum(x, axes), broadcast back (no-op form: y = log(x), dx = dy / x)
+@grad("ReduceLogSum")
+def reduce_log_sum_grad(g: GradContext, node: Node, dys: Grads, needs: list[bool]) -> Grads:
+    x, dy = node.inputs[0], dys[0]
+    ax, _ = _reduction(g, node)
+    if not ax:
+        return [g.op("Div", dy, x)]
+    total = g.op("ReduceSum", x, g.ints(ax), keepdims=1)
+    return [g.op("Expand", g.op("Div", _kept(g, node, dy), total), g.ints(g.shape(x), hint="shape"))]
+
+
+# y = prod(x, axes): dx_i = dy * (the product of the other elements of its slice), exact where x has zeros:
+#   no zero in the slice: prod(x) / x_i;  one zero: that element gets the product of the rest, the others 0;
+#   two or more zeros: 0 everywhere.  (Zeros are replaced by 1 in the product, and counted.)
+@grad("ReduceProd")
+def reduce_prod_grad(g: GradContext, node: Node, dys: Grads, needs: list[bool]) -> Grads:
+    x, dy = node.inputs[0], dys[0]
+    ax, _ = _reduction(g, node)
+    if not ax:
+        return [dy]
+    zero_x, one = g.scalar_like(0.0, x), g.scalar_like(1.0, x)
+    is_zero = g.op("Equal", x, zero_x)
+    nonzero = g.op("Where", is_zero, one, x)
+    p = g.op("ReduceProd", nonzero, g.ints(ax), keepdims=1)  # the product of the nonzero elements
+    zeros = g.op("ReduceSum", g.op("Cast", is_zero, to=NUMPY_TO_ONNX[g.dtype(x)]), g.ints(ax), keepdims=1)
+    at_zero = g.op("Where", g.op("Equal", zeros, one), p, zero_x)
+    elsewhere = g.op("Where", g.op("Equal", zeros, zero_x), g.op("Div", p, nonzero), zero_x)
+    others = g.op("Where", is_zero, at_zero, elsewhere)
+    return [g.op("Mul", others, _kept(g, node, dy))]
+
+
 # y = max(x, axes) (or min): dy goes to the elements equal to y; ties share it equally, as pytorch's amax/amin:
 #   dx = [x == y] * dy / count(x == y)
 @grad("ReduceMax", "ReduceMin")
