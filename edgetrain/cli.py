@@ -85,6 +85,10 @@ def _convert(args: argparse.Namespace) -> int:
         raise EdgeTrainError(f"{args.model}: no such file (convert takes an ONNX inference model)")
     loss, optimizer = _make_loss(args), _make_optimizer(args)
     out = args.output or os.path.splitext(args.model)[0] + ".etrain"
+    if sys.stderr.isatty():  # a status line while it works (seconds for large models); logs get the summary
+        print(
+            f"converting {args.model}: import, loss, gradients, optimizer, memory plan ...", file=sys.stderr
+        )
     t0 = time.perf_counter()
     art = et.convert(
         args.model,
