@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from device import run_on_device
 from models import MODELS, batch_for
 
 import edgetrain as et
@@ -21,15 +22,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run_device_script(script: str) -> subprocess.CompletedProcess:
-    """Runs a script in a fresh interpreter (a "device"); it must succeed."""
-    proc = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=dict(os.environ, PYTHONPATH=ROOT),
-    )
-    assert proc.returncode == 0, proc.stderr
+    """Runs a script in a fresh interpreter without onnx, onnxruntime or torch (a "device"); it must succeed."""
+    proc = run_on_device(sys.executable, script)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc
 
 
@@ -60,8 +55,7 @@ def test_resume_in_a_new_process_is_bit_identical(tmp_path):
     ckpt = tmp_path / "half.etck"
     first.save_checkpoint(ckpt, user_state={"epoch": 1, "loader": {"position": 24, "seed": 7}})
     script = textwrap.dedent(f"""
-        import sys, numpy as np
-        sys.modules["onnx"] = None  # the device side: no onnx
+        import numpy as np
         import edgetrain as et
         s = et.TrainingSession({path!r})
         state = s.load_checkpoint({str(ckpt)!r})
@@ -182,8 +176,6 @@ def test_export_runs_in_onnxruntime_like_run(tmp_path):
 def test_export_without_onnx_says_so(tmp_path):
     _, path = make_artifact(tmp_path, "mlp")
     script = textwrap.dedent(f"""
-        import sys
-        sys.modules["onnx"] = None  # a phone without onnx
         import edgetrain as et
         s = et.TrainingSession({path!r})
         try:
