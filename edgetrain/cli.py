@@ -79,7 +79,7 @@ def _config_text(cfg: dict[str, Any]) -> str:
 def _convert(args: argparse.Namespace) -> int:
     import edgetrain as et
 
-    from .container import read_container
+    from .container import inspect_container
 
     if not os.path.isfile(args.model):
         raise EdgeTrainError(f"{args.model}: no such file (convert takes an ONNX inference model)")
@@ -100,8 +100,7 @@ def _convert(args: argparse.Namespace) -> int:
     )
     size = art.save(out)
     seconds = time.perf_counter() - t0
-    header, tensors = read_container(out, kind="artifact")
-    plan = header.get("plan", {})
+    plan = inspect_container(out)["header"].get("plan", {})  # the header alone: no second read of the tensors
     n_train = sum(int(art.initial[p].size) for p in art.parameters)
     frozen = art.frozen
     n_frozen = sum(int(art.inference.initializers[p].size) for p in frozen)
@@ -153,13 +152,7 @@ def _open_view(path: str, split: str, session) -> Any:
 
     from loaders import check_labels, open_data
 
-    kwargs: dict[str, Any] = {}
-    if os.path.isdir(path):
-        kwargs["split"] = split
-    try:
-        view = open_data(path, **kwargs)
-    except TypeError:  # a reader that does not take `split`
-        view = open_data(path)
+    view = open_data(path, split=split) if os.path.isdir(path) else open_data(path)
     names = session.artifact.io["data_inputs"]
     if len(names) != 1:
         raise EdgeTrainError(
@@ -175,7 +168,7 @@ def _open_view(path: str, split: str, session) -> Any:
                 f"{path}: samples have shape {list(got)} ({int(np.prod(got))} values), but the model's input "
                 f"'{names[0]}' takes {list(want)} ({int(np.prod(want))} values) per sample"
             )
-    classes = session._n_classes
+    classes = session.num_classes
     if classes is not None:
         check_labels(view, classes)
     return view, (None if got == want else want)
@@ -289,7 +282,7 @@ def _train(args: argparse.Namespace) -> int:
         sess.lr = args.lr
     batch = session_batch(sess) or 32
     train, val = _loaders(args, sess, batch)
-    classification = sess._n_classes is not None
+    classification = sess.num_classes is not None
     if args.early_stopping and val is None:
         raise UsageError("--early-stopping needs validation data: --val-data PATH or --val-split F")
     total = args.epochs * len(train)
@@ -320,9 +313,9 @@ def _train(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     if args.resume:
-        from .container import read_container
+        from .container import inspect_container
 
-        state = read_container(checkpoint, kind="checkpoint")[0].get("user_state", {})
+        state = inspect_container(checkpoint)["header"].get("user_state", {})
         print(
             f"resuming from {checkpoint}: {state.get('epoch', '?')} epoch(s), {state.get('step', '?')} steps done; "
             f"base lr {state.get('base_lr', sess.lr):g}, {_schedule_text(schedule.config())}",
@@ -387,9 +380,15 @@ def _eval(args: argparse.Namespace) -> int:
     view, shape = _open_view(args.data, args.split, sess)
     batch = session_batch(sess) or 32
     loader = DataLoader(view, batch, transform=_reshaper(shape))
-    classification = sess._n_classes is not None
+    classes = sess.num_classes
+    outputs, targets = [], []
+
+    def keep(out, y):
+        outputs.append(np.argmax(out, axis=1))
+        targets.append(np.asarray(y).reshape(-1))
+
     t0 = time.perf_counter()
-    loss, acc = evaluate(sess, loader, classification=classification)
+    loss, acc = evaluate(sess, loader, classification=classes is not None, on_batch=keep if classes else None)
     seconds = time.perf_counter() - t0
     n = view.size()
     print(f"evaluated {args.artifact} on {args.data}: {n:,} samples in {duration(seconds)}")
@@ -397,15 +396,13 @@ def _eval(args: argparse.Namespace) -> int:
     print(f"  loss        {loss:.4f} (mean per sample)")
     if acc is not None:
         print(f"  accuracy    {percent(acc)} ({int(round(acc * n)):,} of {n:,})")
-        labels = np.asarray(view.labels()) if hasattr(view, "labels") else None
-        if labels is not None and sess._n_classes <= 20:
-            batches = DataLoader(view, 256, transform=_reshaper(shape))
-            preds = np.concatenate([np.argmax(sess.run(x), axis=1) for x, _ in batches])
-            per = []
-            for k in range(sess._n_classes):
-                mask = labels == k
-                if mask.any():
-                    per.append(f"{k}: {percent(float(np.mean(preds[mask] == k)))}")
+        if classes <= 20:
+            preds, labels = np.concatenate(outputs), np.concatenate(targets)
+            per = [
+                f"{k}: {percent(float(np.mean(preds[labels == k] == k)))}"
+                for k in range(classes)
+                if np.any(labels == k)
+            ]
             print("  per class   " + "  ".join(per))
     return 0
 

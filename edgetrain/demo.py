@@ -193,6 +193,7 @@ def run_demo(
     )
     variants: dict[str, VariantResult] = {}
     sessions = {}
+    user_probs = {}  # each personalized model's outputs on the user's held-out digits
     for name in VARIANTS:
         sess = sessions[name] = et.TrainingSession(paths[name])
         loader = DataLoader(user_train, BATCH, shuffle=True, seed=seed)
@@ -211,10 +212,11 @@ def run_demo(
         result = trainer.fit()
         bar.close()
         seconds = time.perf_counter() - t0
+        user_probs[name] = sess.run(xu)
         variants[name] = VariantResult(
             name=name,
             trainable=_count(sess),
-            user_accuracy=_accuracy(sess.run(xu), yu),
+            user_accuracy=_accuracy(user_probs[name], yu),
             original_accuracy=_accuracy(sess.run(xo), yo),
             train_seconds=seconds,
             steps=result.steps,
@@ -234,7 +236,7 @@ def run_demo(
         v.onnx_path = os.path.join(out_dir, f"personalized-{name}.onnx")
         sessions[name].export_onnx(v.onnx_path)
         v.onnxruntime_accuracy, v.onnxruntime_max_diff = _check_with_onnxruntime(
-            v.onnx_path, xu, yu, sessions[name].run(xu)
+            v.onnx_path, xu, yu, user_probs[name]
         )
         if v.onnxruntime_accuracy is not None:
             checked.append(v)

@@ -134,10 +134,15 @@ def session_batch(session: TrainingSession) -> int | None:
 
 
 def evaluate(
-    session: TrainingSession, loader: DataLoader, *, classification: bool = True
+    session: TrainingSession,
+    loader: DataLoader,
+    *,
+    classification: bool = True,
+    on_batch: Callable[[np.ndarray, np.ndarray], None] | None = None,
 ) -> tuple[float, float | None]:
     """(mean loss per sample, accuracy or None) of the session's current parameters over one pass of `loader`,
-    with inference semantics.
+    with inference semantics. on_batch(outputs, targets) sees each batch's model outputs (e.g. to tally
+    predictions per class).
 
     A short last batch is padded with copies of its first sample; the padding's share of the loss is taken
     off using the loss of a batch made of that sample alone (exact for mean and sum reductions)."""
@@ -159,6 +164,8 @@ def evaluate(
             s = _sample_loss_sum(session, loss, k)
         total += s
         n += k
+        if on_batch is not None:
+            on_batch(out, y)
         if classification:
             correct += int(np.sum(np.argmax(out, axis=1) == np.asarray(y).reshape(k, -1)[:, 0]))
     if n == 0:

@@ -51,6 +51,12 @@ class TrainingSession:
         self._lr = value
 
     @property
+    def num_classes(self) -> int | None:
+        """The model's classes when it trains with CrossEntropyLoss (labels must lie in [0, num_classes)), else
+        None."""
+        return self._n_classes
+
+    @property
     def parameter_names(self) -> list[str]:
         return list(self._io["parameters"])
 
