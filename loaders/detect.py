@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import csv
 import gzip
 import os
 import zlib
 
 from .errors import DataError
-from .files import CsvDataView, NpzDataView, _is_number
+from .files import CsvDataView, NpzDataView, _cells, _is_number
 from .mnist import GZIP_MAGIC, MnistDataView, find_mnist_files, idx_header
 from .views import IDataView
 
@@ -30,7 +31,9 @@ def _head(path: str, size: int = _SNIFF) -> tuple[bytes, bool]:
 
 
 def _csv_delimiter(head: bytes, cut: bool) -> str | None:
-    """The delimiter when the start of the file reads as a numeric table (a header row allowed), else None.
+    """The delimiter when the start of the file reads as a table, else None: a numeric table (a header row
+    allowed), or a delimited text table (every line the same number of cells, at least 2, over 2 lines or more:
+    CsvDataView then names the text column, where a hex dump of the file's start would tell nothing).
     cut: head is only the start of the file, so its last line may be incomplete."""
     if b"\0" in head:
         return None
@@ -45,6 +48,13 @@ def _csv_delimiter(head: bytes, cut: bool) -> str | None:
         lines = lines[:-1]  # the last line may be cut short
     for d in _DELIMITERS:
         if any(d in ln and all(_is_number(c.strip().strip('"')) for c in ln.split(d)) for ln in lines):
+            return d
+    for d in _DELIMITERS:
+        try:
+            widths = {len(_cells(ln, d)) for ln in lines}
+        except csv.Error:  # e.g. a cell beyond the csv module's field size limit
+            continue
+        if len(lines) >= 2 and len(widths) == 1 and widths.pop() >= 2:
             return d
     return None
 
@@ -125,7 +135,7 @@ def open_data(path, **kwargs) -> IDataView:
     shown = " ".join(f"{b:02x}" for b in head[:8]) or "nothing (empty file)"
     raise DataError(
         f"{path}: unrecognised data (starts with {shown}{', gzip-compressed' if compressed else ''}); open_data "
-        f"reads MNIST idx files (raw or .gz, a directory or an images/labels pair), .npz archives and numeric "
-        f"CSV tables",
+        f"reads MNIST idx files (raw or .gz, a directory or an images/labels pair), .npz archives and "
+        f"delimited tables (CSV, TSV)",
         path,
     )

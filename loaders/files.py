@@ -16,13 +16,29 @@ from .mnist import GZIP_MAGIC
 from .views import ArrayDataView
 
 
-def _float_dtype_or_none(dtype) -> np.dtype | None:
-    return None if dtype is None else np.dtype(dtype)
+def _npz_dtypes(dtype, stored: np.dtype) -> tuple[np.dtype | None, np.dtype | None]:
+    """The dtypes x and float y become (None: as stored) for NpzDataView's `dtype` argument."""
+    if dtype is None:
+        return None, None
+    if isinstance(dtype, str) and dtype == "auto":
+        # floats become float32, the runtime's type; integers and bools are data (token ids, pixels) whose
+        # exact values matter, so they stay as stored until a Preprocess that knows the model casts them
+        return (np.dtype(np.float32) if stored.kind == "f" else None), np.dtype(np.float32)
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as e:
+        raise ValueError(f"NpzDataView dtype must be 'auto', None or a numpy dtype, got {dtype!r}") from e
+    return dt, dt
 
 
 class NpzDataView(ArrayDataView):
-    """x = archive[x_key] (cast to `dtype`, float32 by default; None keeps it), y = archive[y_key] (integers
-    become int64 class labels, floats are cast to `dtype`). Never loads Python objects: object arrays are refused."""
+    """x = archive[x_key], y = archive[y_key]. Never loads Python objects: object arrays are refused.
+
+    dtype="auto" (the default): float x becomes float32; integer and bool x stay as stored (token ids stay
+    int64, uint8 images stay uint8: casting is the job of a Preprocess, which knows the model). None keeps x
+    as stored; a dtype casts x. y: integers become int64 class labels; floats become float32 (the dtype
+    given, when one is; None keeps them).
+    """
 
     def __init__(
         self,
@@ -30,13 +46,13 @@ class NpzDataView(ArrayDataView):
         x_key: str = "x",
         y_key: str = "y",
         *,
-        dtype=np.float32,
+        dtype="auto",
         num_classes: int | None = None,
     ):
         path = os.fspath(path)
+        _npz_dtypes(dtype, np.dtype(np.float32))  # a bad argument fails before the file is read
         if not os.path.isfile(path):
             raise DataError(f"{path}: no such file", path)
-        dt = _float_dtype_or_none(dtype)
         try:
             archive = np.load(path, allow_pickle=False)
             if not isinstance(archive, np.lib.npyio.NpzFile):
@@ -62,10 +78,11 @@ class NpzDataView(ArrayDataView):
             raise DataError(
                 f"{path}: {x_key} ({x.dtype}) and {y_key} ({y.dtype}) must be numeric arrays", path
             )
-        if dt is not None:
-            x = x.astype(dt, copy=False)
-            if y.dtype.kind == "f":
-                y = y.astype(dt, copy=False)
+        xt, yt = _npz_dtypes(dtype, x.dtype)
+        if xt is not None:
+            x = x.astype(xt, copy=False)
+        if yt is not None and y.dtype.kind == "f":
+            y = y.astype(yt, copy=False)
         super().__init__(x, y, num_classes=num_classes, source=path)
 
 
@@ -136,7 +153,7 @@ class CsvDataView(ArrayDataView):
                 f"{path}: {ncols} column; need at least one feature column and a label column", path
             )
         col = self._label_index(path, label_column, ncols)
-        data = _parse(path, rows, ncols, delimiter, self.columns)
+        data = _parse(path, rows, ncols, delimiter, self.columns, label=col)
         labels = data[:, col]
         x = np.delete(data, col, axis=1).astype(dtype)
         if label_dtype == "auto":
@@ -170,7 +187,9 @@ def _cells(line: str, delimiter: str) -> list[str]:
     return [c.strip() for c in next(csv.reader([line], delimiter=delimiter))]
 
 
-def _parse(path: str, rows: list[tuple[int, str]], ncols: int, delimiter: str, names) -> np.ndarray:
+def _parse(
+    path: str, rows: list[tuple[int, str]], ncols: int, delimiter: str, names, *, label: int
+) -> np.ndarray:
     # fast path: numpy's C parser; when it refuses, a Python pass finds the row and column to blame
     try:
         data = np.loadtxt(
@@ -186,15 +205,37 @@ def _parse(path: str, rows: list[tuple[int, str]], ncols: int, delimiter: str, n
         why = f"numpy read a {data.shape[0]} x {data.shape[1]} table"
     except ValueError as e:
         why = str(e)
+    table = []
     for r, (lineno, line) in enumerate(rows, 1):
         cells = _cells(line, delimiter)
         if len(cells) != ncols:
             raise DataError(
                 f"{path}: row {r} (line {lineno}) has {len(cells)} cells, the first row {ncols}", path
             )
+        table.append(cells)
+    for r, ((lineno, _), cells) in enumerate(zip(rows, table), 1):
         for j, cell in enumerate(cells):
             if not _is_number(cell):
-                name = f" ({names[j]!r})" if names else ""
+                column = f"column {j + 1}" + (f" ({names[j]!r})" if names else "")
                 what = "an empty cell" if cell == "" else f"{cell!r} is not a number"
-                raise DataError(f"{path}: row {r} (line {lineno}), column {j + 1}{name}: {what}", path)
+                hint = _text_hint(table, j, column, label=j == label)
+                raise DataError(f"{path}: row {r} (line {lineno}), {column}: {what}{hint}", path)
     raise DataError(f"{path}: cannot read as a numeric CSV table ({why})", path)
+
+
+def _text_hint(table: list[list[str]], j: int, column: str, *, label: bool) -> str:
+    """What would work when a cell is not a number: for a column of text, drop or encode it; else fix the row."""
+    texts = sum(1 for cells in table if cells[j] != "" and not _is_number(cells[j]))
+    if texts == 0:
+        return " (fill it in, or drop the row)"
+    if texts == 1 and len(table) > 1:
+        return f" (the other rows of {column} hold numbers: fix or drop this row)"
+    if label:
+        return (
+            f"; {column} is the label column and holds text in {texts} of {len(table)} rows: CsvDataView reads "
+            f"numbers only, so map the class names to class ids 0..K-1"
+        )
+    return (
+        f"; {column} holds text in {texts} of {len(table)} rows, and CsvDataView reads numbers only: drop the "
+        f"column, or encode it as numbers (a category id, or one 0/1 column per value) before training"
+    )

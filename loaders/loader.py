@@ -14,13 +14,15 @@ _STATE_KEYS = ("epoch", "position", "seed", "shuffle", "size")
 
 
 class DataLoader:
-    """Batches of a view: X stacked as the view gives it (float32 for the readers), Y int64 for class labels.
+    """Batches of a view: X stacked as the view gives it, Y int64 for class labels.
 
-    Shuffling draws a fresh permutation per epoch from (seed, epoch) with numpy's Generator, so a run is
-    repeatable from its seed (for a given numpy version). The loader is stateful, like MegEngine's: `next()`
-    returns the next batch and rolls over into the next epoch by itself; `for X, Y in loader` runs what is
-    left of the current epoch (all of it unless stopped or restored mid-epoch). `state()` is a JSON-able dict;
-    `restore(state)` makes the next batch exactly the one that would have come next.
+    `transform(x, y)` runs on each sample, then `batch_transform(X, Y)` (e.g. a Preprocess that adapts, casts
+    and scales) on the whole batch; neither is part of the state. Shuffling draws a fresh permutation per
+    epoch from (seed, epoch) with numpy's Generator, so a run is repeatable from its seed (for a given numpy
+    version). The loader is stateful, like MegEngine's: `next()` returns the next batch and rolls over into
+    the next epoch by itself; `for X, Y in loader` runs what is left of the current epoch (all of it unless
+    stopped or restored mid-epoch). `state()` is a JSON-able dict; `restore(state)` makes the next batch
+    exactly the one that would have come next.
     """
 
     def __init__(
@@ -31,6 +33,7 @@ class DataLoader:
         seed: int | None = None,
         drop_last: bool = False,
         transform: Transform | None = None,
+        batch_transform: Transform | None = None,
     ):
         if int(batch_size) != batch_size or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
@@ -44,6 +47,7 @@ class DataLoader:
             )
         self.view, self.batch_size = view, int(batch_size)
         self.shuffle, self.drop_last, self.transform = bool(shuffle), bool(drop_last), transform
+        self.batch_transform = batch_transform
         # without a seed, pick one now so that state() can still reproduce the run
         self.seed = int(np.random.default_rng().integers(2**62)) if seed is None else int(seed)
         self._n = n
@@ -79,6 +83,9 @@ class DataLoader:
         if self.transform is not None:
             pairs = [self.transform(x[i], y[i, ...]) for i in range(len(indices))]
             x, y = np.stack([p[0] for p in pairs]), np.stack([np.asarray(p[1]) for p in pairs])
+        if self.batch_transform is not None:  # e.g. a Preprocess: one numpy call per batch, not per sample
+            x, y = self.batch_transform(x, y)
+            y = np.asarray(y)
         if y.dtype.kind in "biu":
             y = y.astype(np.int64, copy=False)
         return x, y

@@ -1,0 +1,140 @@
+"""A batch (X, Y) -> (X, Y) ready for the model: Preprocess (adapt, cast, scale, normalise per channel), and the
+parsers of the command line's --scale and --normalize texts."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from .adapt import SampleAdapter
+
+_SCALE_FORMS = "a number (0.00392) or a fraction (1/255)"
+_NORMALIZE_FORMS = (
+    "MEAN,STD with one value each (0.5,0.25) or one per channel joined by colons "
+    "(0.485:0.456:0.406,0.229:0.224:0.225)"
+)
+
+
+def _values(v, what: str) -> np.ndarray | None:
+    if v is None:
+        return None
+    try:
+        arr = np.asarray(v, dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError):
+        arr = None
+    if arr is None or arr.size == 0 or not np.isfinite(arr).all():
+        raise ValueError(f"Preprocess {what} must be a finite number or one per channel, got {v!r}")
+    return arr
+
+
+class Preprocess:
+    """(X, Y) -> (X, Y) on whole batches: `adapter` first (to the model's sample shape), then X cast to `dtype`
+    (None keeps it), then x * scale, then (x - mean[c]) / std[c] per channel c along axis 1.
+
+    mean and std are one value for every channel or one per channel (the adapter's model_shape[0], else the
+    batch's axis 1). Y passes through. X comes out C-contiguous and never shares memory with the input when
+    arithmetic is done, so the view's arrays are never written.
+    """
+
+    def __init__(
+        self,
+        adapter: SampleAdapter | None = None,
+        *,
+        scale: float | None = None,
+        mean: float | Sequence[float] | None = None,
+        std: float | Sequence[float] | None = None,
+        dtype=np.float32,
+    ):
+        self.adapter = adapter
+        try:
+            self.dtype = None if dtype is None else np.dtype(dtype)
+        except TypeError as e:
+            raise ValueError(f"Preprocess dtype must be a numpy dtype or None, got {dtype!r}") from e
+        if scale is not None and not (isinstance(scale, (int, float, np.number)) and math.isfinite(scale)):
+            raise ValueError(f"Preprocess scale must be a finite number, got {scale!r}")
+        self.scale = None if scale is None else float(scale)
+        self.mean, self.std = _values(mean, "mean"), _values(std, "std")
+        if self.std is not None and (self.std <= 0).any():
+            raise ValueError(f"Preprocess std must be > 0, got {std!r}")
+        arithmetic = self.scale is not None or self.mean is not None or self.std is not None
+        if arithmetic and self.dtype is not None and self.dtype.kind != "f":
+            raise ValueError(f"Preprocess scale, mean and std need a float dtype, got {self.dtype}")
+        if adapter is not None and adapter.model_shape:
+            self._check_channels(adapter.model_shape[0], "the model's input channels (model_shape[0])")
+
+    def _check_channels(self, channels: int, what: str) -> None:
+        for name, v in (("mean", self.mean), ("std", self.std)):
+            if v is not None and v.size not in (1, channels):
+                raise ValueError(
+                    f"Preprocess {name} has {v.size} values; {what} is {channels}: give one value for "
+                    f"every channel or {channels}"
+                )
+
+    def _per_channel(self, v: np.ndarray, x: np.ndarray) -> np.ndarray:
+        # [C] -> [1, C, 1, ...] so that it broadcasts along axis 1 of the batch
+        if v.size == 1:
+            return v.astype(x.dtype).reshape(())
+        self._check_channels(x.shape[1] if x.ndim >= 2 else 1, f"the batch's axis 1 (shape {list(x.shape)})")
+        return v.astype(x.dtype).reshape((1, v.size) + (1,) * (x.ndim - 2))
+
+    def __call__(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if self.adapter is not None:
+            x = self.adapter(x)
+        dtype = np.asarray(x).dtype if self.dtype is None else self.dtype
+        if self.scale is None and self.mean is None and self.std is None:
+            return np.ascontiguousarray(x, dtype=dtype), y
+        if dtype.kind != "f":
+            raise ValueError(f"Preprocess scale, mean and std need float data; X is {dtype} (give dtype=)")
+        x = np.array(x, dtype=dtype, order="C")  # a copy: the steps below work in place
+        if self.scale is not None:
+            x *= x.dtype.type(self.scale)
+        if self.mean is not None:
+            x -= self._per_channel(self.mean, x)
+        if self.std is not None:
+            x /= self._per_channel(self.std, x)
+        return x, y
+
+    def __repr__(self) -> str:
+        parts = [f"{k}={v!r}" for k, v in vars(self).items() if v is not None]
+        return f"Preprocess({', '.join(parts)})"
+
+
+def _number(text: str, what: str, forms: str) -> float:
+    t = text.strip()
+    num, slash, den = t.partition("/")
+    try:
+        value = float(num) / float(den) if slash else float(t)
+    except (ValueError, ZeroDivisionError):
+        raise ValueError(f"{what} {text!r} is not a number; accepted: {forms}") from None
+    if not math.isfinite(value):
+        raise ValueError(f"{what} {text!r} is not a finite number; accepted: {forms}")
+    return value
+
+
+def parse_scale(text: str) -> float:
+    """'0.00392' or '1/255' -> the factor pixels are multiplied by (a positive finite number)."""
+    value = _number(text, "scale", _SCALE_FORMS)
+    if value <= 0:
+        raise ValueError(f"scale {text!r} must be > 0; accepted: {_SCALE_FORMS}")
+    return value
+
+
+def parse_normalize(text: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """'MEAN,STD' ('0.5,0.25') or per channel ('0.485:0.456:0.406,0.229:0.224:0.225') -> (means, stds)."""
+    halves = text.split(",")
+    if len(halves) != 2 or not all(h.strip() for h in halves):
+        raise ValueError(f"normalize {text!r}: expected {_NORMALIZE_FORMS}")
+    mean, std = (
+        tuple(_number(v, f"normalize {text!r}: value", _NORMALIZE_FORMS) for v in h.split(":"))
+        for h in halves
+    )
+    if len(mean) != len(std) and 1 not in (len(mean), len(std)):
+        raise ValueError(
+            f"normalize {text!r}: {len(mean)} means but {len(std)} stds; give one per channel of each, "
+            f"or one value for all channels; accepted: {_NORMALIZE_FORMS}"
+        )
+    if any(s <= 0 for s in std):
+        raise ValueError(f"normalize {text!r}: std must be > 0; accepted: {_NORMALIZE_FORMS}")
+    return mean, std
