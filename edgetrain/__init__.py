@@ -7,10 +7,13 @@ the onnx package and is imported lazily, so `import edgetrain` works on a phone 
 from .convert import TrainingArtifact, convert
 from .errors import (
     ArtifactError,
+    ConfigError,
     EdgeTrainError,
     ExecutionError,
     FeedError,
     ModelError,
+    NonFiniteError,
+    RebatchError,
     ShapeError,
     UnsupportedError,
 )
@@ -28,6 +31,7 @@ __all__ = [
     "AdamW",
     "ArtifactError",
     "BCEWithLogitsLoss",
+    "ConfigError",
     "CrossEntropyLoss",
     "EdgeTrainError",
     "ExecutionError",
@@ -41,6 +45,8 @@ __all__ = [
     "MSELoss",
     "ModelError",
     "Node",
+    "NonFiniteError",
+    "RebatchError",
     "ShapeError",
     "TensorInfo",
     "TrainingArtifact",

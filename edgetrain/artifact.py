@@ -13,6 +13,7 @@ import numpy as np
 
 from .errors import ArtifactError
 from .ir import Graph
+from .rebatch import BatchPlan
 
 if TYPE_CHECKING:
     from .convert import TrainingArtifact
@@ -44,7 +45,16 @@ def save_artifact(art: TrainingArtifact, path: str | os.PathLike) -> int:
                 f"tensor '{name}' differs between program and base graph"
             )
         tensors.setdefault(name, arr)
+    # Optimizer state that starts at zero (momentum, Adam's moments) is declared, not stored: for Adam that is
+    # two thirds of the file.
+    zeros = {
+        name: [arr.dtype.name, [int(d) for d in arr.shape]]
+        for name, arr in art.initial.items()
+        if name in art.state and name not in tensors and not np.any(arr)
+    }
     for name, arr in art.initial.items():
+        if name in zeros:
+            continue
         tensors.setdefault(name, arr)
         assert tensors[name] is arr or np.array_equal(tensors[name], arr), f"initial '{name}' differs"
     io = {k: getattr(art, k) for k in IO_KEYS}
@@ -55,7 +65,9 @@ def save_artifact(art: TrainingArtifact, path: str | os.PathLike) -> int:
         "plan": plan.to_dict(),
         "base": base_dict,
         "io": io,
-        "initial": list(art.initial),
+        "initial": [n for n in art.initial if n not in zeros],
+        "zeros": zeros,
+        "batch_plan": None if art.batch_plan is None else art.batch_plan.to_dict(),
         "loss": art.loss_config,
         "optimizer": art.optimizer_config,
         "provenance": art.provenance,
@@ -74,6 +86,7 @@ class LoadedArtifact:
     plan: MemoryPlan
     initial: dict[str, np.ndarray]
     tensors: dict[str, np.ndarray]
+    batch_plan: BatchPlan | None = None
 
     @property
     def io(self) -> dict[str, Any]:
@@ -95,10 +108,26 @@ def load_artifact(path: str | os.PathLike, *, verify: bool = True) -> LoadedArti
         base = graph_from_dict(header["base"], tensors)
         plan = MemoryPlan.from_dict(header["plan"])
         initial = {name: tensors[name] for name in header["initial"]}
-        header["io"]  # noqa: B018  (present in every version)
+        for name, (dtype, shape) in header.get("zeros", {}).items():
+            initial[name] = _zeros(dtype, shape)
+        initial = {name: initial[name] for name in header["io"]["parameters"] + header["io"]["state"]}
+        batch_plan = BatchPlan.from_dict(header["batch_plan"]) if header.get("batch_plan") else None
     except (KeyError, TypeError, ValueError) as e:
         raise ArtifactError(
             f"'{path}' is an edgetrain artifact, but its header is incomplete or damaged "
             f"({type(e).__name__}: {e}); rebuild it with `edgetrain convert`"
         ) from e
-    return LoadedArtifact(os.fspath(path), header, program, base, plan, initial, tensors)
+    return LoadedArtifact(os.fspath(path), header, program, base, plan, initial, tensors, batch_plan)
+
+
+def _zeros(dtype: str, shape: list[int]) -> np.ndarray:
+    """A declared zero state tensor; np.zeros of a large shape costs no memory until it is written."""
+    if (
+        not isinstance(dtype, str)
+        or not isinstance(shape, list)
+        or not all(isinstance(d, int) for d in shape)
+    ):
+        raise TypeError(
+            f"a declared zero tensor needs a dtype name and a list of ints, got {dtype!r}, {shape!r}"
+        )
+    return np.zeros(shape, np.dtype(dtype))

@@ -25,8 +25,11 @@ class OpCoverage:
 class ParameterInfo:
     name: str
     shape: tuple[int, ...]
-    trainable: bool
-    why_not: str = ""
+    trainable: bool  # trains by default (a parameter by role)
+    kind: str  # "parameter", "constant" (trains only when named) or "fixed" (never trains)
+    role: str  # e.g. "weight of Conv", "running mean of BatchNormalization", "constant"
+    nodes: list[str] = field(default_factory=list)  # the nodes that read it
+    aliases: list[str] = field(default_factory=list)  # other names the exporter gave it (Identity copies)
 
 
 @dataclass
@@ -55,16 +58,33 @@ class CheckReport:
         for o in self.ops:
             rule = "yes" if o.has_rule else ("MISSING" if o.on_gradient_path else "no (not needed)")
             lines.append(f"{o.op_type:24s} {o.count:5d} {o.on_gradient_path:12d}  {rule}")
-        n_train = sum(p.trainable for p in self.parameters)
-        size = sum(int(np.prod(p.shape)) for p in self.parameters if p.trainable)
+        by_kind = {k: [p for p in self.parameters if p.kind == k] for k in ("parameter", "constant", "fixed")}
+        size = sum(int(np.prod(p.shape)) for p in by_kind["parameter"])
         lines += [
             "",
-            f"parameters: {len(self.parameters)} float initializers, {n_train} trainable by default "
-            f"({size:,} values)",
+            f"parameters: {len(by_kind['parameter'])} train by default ({size:,} values); "
+            f"{len(by_kind['constant'])} float constants train only when named; "
+            f"{len(by_kind['fixed'])} statistics and shape values never train",
         ]
-        for p in self.parameters:
-            mark = "trainable" if p.trainable else f"frozen ({p.why_not})"
-            lines.append(f"  {p.name:40s} {str(list(p.shape)):18s} {mark}")
+        titles = {
+            "parameter": "parameters (train by default)",
+            "constant": "constants (train only when named in --trainable / trainable=)",
+            "fixed": "statistics and shape values (never trained)",
+        }
+        for kind, title in titles.items():
+            shown = [p for p in by_kind[kind] if kind != "constant" or int(np.prod(p.shape)) > 1]
+            if shown:
+                w = min(max(len(p.name) for p in shown), 60)
+                lines += ["", f"{title}:", f"  {'name':{w}s}  {'shape':14s} {'role':38s} read by"]
+                lines += [_param_line(p, w) for p in shown]
+            if len(shown) < len(by_kind[kind]):
+                lines.append(
+                    f"  (and {len(by_kind[kind]) - len(shown)} one-value constants: eps, exponents, ...)"
+                )
+        if by_kind["parameter"]:
+            example = next((p.nodes[0] for p in by_kind["parameter"] if p.nodes and "/" in p.nodes[0]), None)
+            hint = "select some with --trainable NAME-OR-PATTERN; a pattern also matches the nodes that read them"
+            lines += ["", hint + (f" (e.g. '{example.rsplit('/', 1)[0]}/*')" if example else "")]
         lines.append("")
         if self.derivable:
             lines.append(
@@ -77,18 +97,29 @@ class CheckReport:
         return "\n".join(lines)
 
 
+def _param_line(p: ParameterInfo, width: int) -> str:
+    nodes = ", ".join(p.nodes[:2]) + (f" (+{len(p.nodes) - 2} more)" if len(p.nodes) > 2 else "")
+    return f"  {p.name:{width}s}  {str(list(p.shape)).replace(' ', ''):14s} {p.role:38s} {nodes}"
+
+
 def check(model: Any, *, batch_size: int | None = 1) -> CheckReport:
     """Builds the report; never raises for a model that imports (a failure to derive is in the report)."""
+    from .autodiff import rules  # noqa: F401  (registers the rule table)
     from .autodiff.context import GradContext, ShapedBuilder
     from .autodiff.driver import RULES, differentiate
-    from .convert import parameter_candidates
-    from .onnx_io import import_model, load_model
+    from .onnx_io import from_onnx, load_model
+    from .params import FIXED, find_roles
+    from .passes import fold_constants, make_static
 
     proto = load_model(model)
-    graph = import_model(proto, batch_size=batch_size)
-    from .autodiff import rules  # noqa: F401  (registers the rule table)
-
-    params, never = parameter_candidates(graph)
+    imported = from_onnx(proto)
+    roles = find_roles(imported)
+    params = roles.parameters
+    base = fold_constants(imported, fold_shapes=False, keep=params)
+    roles = roles.finalize(base)
+    params = roles.parameters
+    graph = make_static(base, batch_size=batch_size, keep=params)
+    params = [p for p in params if p in graph.initializers]
     active = set(params)
     on_path: Counter = Counter()
     for n in graph.nodes:
@@ -97,12 +128,11 @@ def check(model: Any, *, batch_size: int | None = 1) -> CheckReport:
             active.update(o for o in n.outputs if o and np.dtype(graph.values[o].dtype).kind == "f")
     counts = Counter(n.op_type for n in graph.nodes)
     ops = [OpCoverage(op, c, op in RULES, on_path[op]) for op, c in sorted(counts.items())]
-    infos = []
-    for name, arr in graph.initializers.items():
-        if arr.dtype.kind != "f":
-            continue
-        why = "" if name in params else ("statistic or shape input" if name in never else "constant")
-        infos.append(ParameterInfo(name, tuple(arr.shape), name in params, why))
+    infos = [
+        ParameterInfo(r.name, r.shape or (), r.kind == "parameter", r.kind, r.role, r.nodes, r.aliases)
+        for r in roles.entries.values()
+        if r.kind != FIXED or r.dtype.startswith("float")
+    ]
     report = CheckReport(
         model=str(model) if isinstance(model, (str, os.PathLike)) else (proto.graph.name or "model"),
         opset=graph.opset,
@@ -112,8 +142,19 @@ def check(model: Any, *, batch_size: int | None = 1) -> CheckReport:
         parameters=infos,
         derivable=False,
     )
+    tied = [p for p in infos if p.trainable and p.aliases]
+    if tied:
+        report.notes.append(
+            f"{len(tied)} parameter(s) are each read under several names (e.g. '{tied[0].name}' also as "
+            f"'{tied[0].aliases[0]}'): the exporter merged initializers whose values were identical (freshly "
+            "initialized weights often are), so each trains as one tensor; export a model whose weights differ "
+            "to train them apart"
+        )
     if not params:
-        report.problem = "no float initializers look like parameters (weights, biases, scales)"
+        report.problem = (
+            "no initializer is in a parameter role (weights, biases, scales, embedding tables); "
+            "name constants to train with --trainable"
+        )
         return report
     b = ShapedBuilder(graph)
     ctx = GradContext(b)

@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .errors import EdgeTrainError
+from .errors import EdgeTrainError, RebatchError
 from .progress import TrainProgress, duration, epoch_line, percent
 
 
@@ -90,14 +90,16 @@ def _convert(args: argparse.Namespace) -> int:
             f"converting {args.model}: import, loss, gradients, optimizer, memory plan ...", file=sys.stderr
         )
     t0 = time.perf_counter()
-    art = et.convert(
-        args.model,
-        loss=loss,
-        optimizer=optimizer,
-        trainable=args.trainable,
-        batch_size=args.batch_size,
-        output=args.model_output,
-    )
+    options = dict(loss=loss, optimizer=optimizer, trainable=args.trainable, output=args.model_output)
+    fallback = None
+    try:
+        art = et.convert(args.model, batch_size=args.batch_size or 32, **options)
+    except RebatchError as e:
+        if args.batch_size is not None:
+            raise
+        # --batch-size was not given: a model whose fixed batch cannot be moved trains at that batch
+        art = et.convert(args.model, batch_size=None, **options)
+        fallback = f"kept the model's fixed batch: {e}"
     size = art.save(out)
     seconds = time.perf_counter() - t0
     plan = inspect_container(out)["header"].get("plan", {})  # the header alone: no second read of the tensors
@@ -107,6 +109,8 @@ def _convert(args: argparse.Namespace) -> int:
     batch = art.graph.values[art.data_inputs[0]].shape[0]
     backward = len(art.graph.nodes) - len(art.inference.nodes)
     print(f"converted {args.model} -> {out} ({_mb(size)}) in {duration(seconds)}")
+    for line in art.notes + ([fallback] if fallback else []):
+        print(f"  {line}")
     print(f"  loss        {_config_text(art.loss_config)}")
     print(f"  optimizer   {_config_text(art.optimizer_config)}")
     print(f"  batch       {batch}")
@@ -145,54 +149,33 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 # ---- data for train and eval --------------------------------------------------------------------------------------
-def _open_view(path: str, split: str, session) -> Any:
-    """The view of `path` (recognised by content), checked against the session's model: labels in range, samples
-    of the input's shape (reshaped when only the layout differs, e.g. 28x28 images for a 784-input MLP)."""
-    import numpy as np
+def _data_options(args: argparse.Namespace):
+    from .feeding import parse_options
 
-    from loaders import check_labels, open_data
-
-    view = open_data(path, split=split) if os.path.isdir(path) else open_data(path)
-    names = session.artifact.io["data_inputs"]
-    if len(names) != 1:
-        raise EdgeTrainError(
-            f"the model has {len(names)} inputs ({', '.join(names)}); the command line trains one-input models: "
-            f"use TrainingSession with a dict of inputs from Python"
-        )
-    want = tuple(session.artifact.program.values[names[0]].shape[1:])
-    x0, _ = view.get_item(0)
-    got = tuple(np.shape(x0))
-    if got != want:
-        if int(np.prod(got)) != int(np.prod(want)):
-            raise EdgeTrainError(
-                f"{path}: samples have shape {list(got)} ({int(np.prod(got))} values), but the model's input "
-                f"'{names[0]}' takes {list(want)} ({int(np.prod(want))} values) per sample"
-            )
-    classes = session.num_classes
-    if classes is not None:
-        check_labels(view, classes)
-    return view, (None if got == want else want)
+    try:
+        return parse_options(args.layout, args.scale, args.normalize)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
-def _reshaper(shape):
-    if shape is None:
-        return None
+def _feed(path: str, split: str, session, args: argparse.Namespace):
+    from .feeding import open_feed
 
-    def reshape(x, y):  # one sample (the DataLoader's transforms take samples)
-        return x.reshape(shape), y
-
-    return reshape
+    feed = open_feed(path, split, session, _data_options(args))
+    for notice in feed.notices:
+        print(f"note: {notice}", file=sys.stderr)
+    return feed
 
 
 def _loaders(args: argparse.Namespace, session, batch: int):
     from loaders import DataLoader, split
 
-    view, shape = _open_view(args.data, "train", session)
-    transform = _reshaper(shape)
+    feed = _feed(args.data, "train", session, args)
+    view, transform = feed.view, feed.transform
     val_view = None
     if args.val_data is not None:
-        val_view, vshape = _open_view(args.val_data, "test", session)
-        vtransform = _reshaper(vshape)
+        val_feed = _feed(args.val_data, "test", session, args)
+        val_view, vtransform = val_feed.view, val_feed.transform
     elif args.val_split:
         view, val_view = split(view, (1 - args.val_split, args.val_split), seed=args.seed)
         vtransform = transform
@@ -208,9 +191,9 @@ def _loaders(args: argparse.Namespace, session, batch: int):
         shuffle=not args.no_shuffle,
         seed=args.seed,
         drop_last=n % batch != 0,
-        transform=transform,
+        batch_transform=transform,
     )
-    val = None if val_view is None else DataLoader(val_view, batch, transform=vtransform)
+    val = None if val_view is None else DataLoader(val_view, batch, batch_transform=vtransform)
     return train, val
 
 
@@ -254,30 +237,91 @@ def _session(artifact: str):
     return et.TrainingSession(artifact)
 
 
+# Options of `train` that a checkpoint records and --resume restores: dest -> default when neither given nor recorded.
+RECORDED = {
+    "epochs": 1,
+    "lr": None,
+    "lr_schedule": None,
+    "warmup": 0,
+    "seed": 0,
+    "val_split": None,
+    "val_data": None,
+    "early_stopping": None,
+    "no_shuffle": False,
+    "layout": None,
+    "scale": None,
+    "normalize": None,
+    "checkpoint_every": None,
+}
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def _restore_options(args: argparse.Namespace, checkpoint: str) -> dict[str, Any]:
+    """On --resume: the run's recorded options fill the ones not given, and a given one that contradicts the run is
+    a usage error (--epochs excepted: a run can be made longer). Returns the checkpoint's trainer settings."""
+    from .container import inspect_container
+
+    state = inspect_container(checkpoint)["header"].get("user_state", {})
+    if state.get("trainer") != 1:
+        raise EdgeTrainError(
+            f"--resume: {checkpoint} was not written by `edgetrain train`; it holds no run to continue"
+        )
+    recorded = state.get("run_options") or {}
+    for dest, value in recorded.items():
+        given = getattr(args, dest, None)
+        if dest not in RECORDED or dest == "epochs":
+            continue
+        if given is not None and given != value:
+            was = (
+                "not set"
+                if value in (None, False)
+                else f"{_flag(dest)} {value}"
+                if value is not True
+                else "set"
+            )
+            raise UsageError(
+                f"{_flag(dest)} {given if given is not True else ''}".rstrip()
+                + f" conflicts with the run in {checkpoint} ({was} there): leave it out to continue that run as "
+                f"it was, or start a new run from its weights with --init-from {checkpoint}"
+            )
+        setattr(args, dest, value)
+    if args.epochs is None:
+        args.epochs = recorded.get("epochs")
+    return {**(state.get("settings") or {}), "step": state.get("step", 0), "epoch": state.get("epoch", 0)}
+
+
 def _train(args: argparse.Namespace) -> int:
     import edgetrain as et
 
-    from .trainer import session_batch
+    from .trainer import schedule_from_config, session_batch
 
-    if args.val_data is not None and args.val_split is not None:
-        raise UsageError("give --val-data or --val-split, not both")
-    if args.val_split is not None and not 0 < args.val_split < 1:
-        raise UsageError(f"--val-split must lie between 0 and 1, got {args.val_split}")
-    for flag in ("epochs", "checkpoint_every", "early_stopping"):
-        value = getattr(args, flag)
-        if value is not None and value < 1:
-            raise UsageError(f"--{flag.replace('_', '-')} must be a positive integer, got {value}")
-    if args.warmup < 0:
-        raise UsageError(f"--warmup must be 0 or more steps, got {args.warmup}")
     checkpoint = args.checkpoint or _default_checkpoint(args.artifact)
-    if os.path.exists(checkpoint) and not (args.resume or args.overwrite):
-        raise UsageError(
-            f"checkpoint {checkpoint} exists: --resume to continue that run, --overwrite to start over, "
-            f"or --checkpoint NEW.etck"
-        )
+    if args.resume and args.init_from:
+        raise UsageError("--resume continues a run, --init-from starts a new one from a checkpoint: give one")
     if args.resume and not os.path.exists(checkpoint):
         raise EdgeTrainError(f"--resume: there is no checkpoint at {checkpoint} to continue from")
+    replaces_own_start = args.init_from and os.path.abspath(args.init_from) == os.path.abspath(checkpoint)
+    if os.path.exists(checkpoint) and not (args.resume or args.overwrite or replaces_own_start):
+        raise UsageError(
+            f"checkpoint {checkpoint} exists: --resume to continue that run, --init-from {checkpoint} to start a "
+            f"new run from its weights, --overwrite to start over, or --checkpoint NEW.etck"
+        )
+    settings = _restore_options(args, checkpoint) if args.resume else {}
+    for dest, default in RECORDED.items():
+        if getattr(args, dest) is None:
+            setattr(args, dest, default)
+    _check_train_options(args)
     sess = _session(args.artifact)
+    if args.init_from:
+        sess.load_checkpoint(args.init_from)
+        print(
+            f"starting a new run from the weights of {args.init_from} (step {sess.step} of its run)",
+            file=sys.stderr,
+        )
+        sess.lr = float(sess.artifact.header["optimizer"].get("lr", sess.lr))
     if args.lr is not None:
         sess.lr = args.lr
     batch = session_batch(sess) or 32
@@ -286,8 +330,12 @@ def _train(args: argparse.Namespace) -> int:
     if args.early_stopping and val is None:
         raise UsageError("--early-stopping needs validation data: --val-data PATH or --val-split F")
     total = args.epochs * len(train)
-    schedule = _schedule(args.lr_schedule, args.warmup, total)
-    bar = TrainProgress(total, batch)
+    if settings.get("schedule"):  # a resumed run keeps its schedule exactly (a cosine keeps its length)
+        schedule = schedule_from_config(settings["schedule"])
+    else:
+        schedule = _schedule(args.lr_schedule, args.warmup, total)
+    resumed_steps = int(settings.get("step", 0))
+    bar = TrainProgress(total, batch, done_steps=resumed_steps)
     trainer = et.Trainer(
         sess,
         train,
@@ -304,6 +352,7 @@ def _train(args: argparse.Namespace) -> int:
         history=args.log,
         progress=bar,
         classification=classification,
+        run_options={dest: getattr(args, dest) for dest in RECORDED} | {"data": args.data},
     )
     n_train, n_val = train.view.size(), (val.view.size() if val is not None else 0)
     print(
@@ -313,12 +362,10 @@ def _train(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     if args.resume:
-        from .container import inspect_container
-
-        state = inspect_container(checkpoint)["header"].get("user_state", {})
         print(
-            f"resuming from {checkpoint}: {state.get('epoch', '?')} epoch(s), {state.get('step', '?')} steps done; "
-            f"base lr {state.get('base_lr', sess.lr):g}, {_schedule_text(schedule.config())}",
+            f"resuming from {checkpoint}: {settings.get('epoch', '?')} epoch(s), {resumed_steps} steps done; "
+            f"base lr {trainer.base_lr:g}, "
+            f"{_schedule_text(schedule.config())}",
             file=sys.stderr,
         )
     else:
@@ -332,6 +379,19 @@ def _train(args: argparse.Namespace) -> int:
     return 1 if nonfinite else 0
 
 
+def _check_train_options(args: argparse.Namespace) -> None:
+    if args.val_data is not None and args.val_split is not None:
+        raise UsageError("give --val-data or --val-split, not both")
+    if args.val_split is not None and not 0 < args.val_split < 1:
+        raise UsageError(f"--val-split must lie between 0 and 1, got {args.val_split}")
+    for flag in ("epochs", "checkpoint_every", "early_stopping"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise UsageError(f"--{flag.replace('_', '-')} must be a positive integer, got {value}")
+    if args.warmup < 0:
+        raise UsageError(f"--warmup must be 0 or more steps, got {args.warmup}")
+
+
 def _train_summary(args, result, seconds: float, batch: int, checkpoint: str, bar: TrainProgress) -> None:
     done = result.steps - bar.start_step if bar.last else 0
     rate = done * batch / seconds if seconds > 0 else 0.0
@@ -343,19 +403,22 @@ def _train_summary(args, result, seconds: float, batch: int, checkpoint: str, ba
         last = result.history[-1]
         print("  last  " + epoch_line(last).strip())
         if result.best is not None and result.metric.startswith("val"):
-            at = next(
-                (r["epoch"] for r in result.history if r.get(result.metric) == result.best),
-                result.history[-1]["epoch"],
-            )
             best = percent(result.best) if result.metric == "val_accuracy" else f"{result.best:.4f}"
-            print(f"  best  {result.metric.replace('_', ' ')} {best} at epoch {at}")
+            print(f"  best  {result.metric.replace('_', ' ')} {best} at epoch {result.best_epoch}")
     if result.stopped_early:
         print(f"  stopped: {result.stop_reason}")
-    print(f"  checkpoint  {checkpoint}")
+    keep = checkpoint
+    if result.best_checkpoint is not None:
+        which = "the best" if result.kept == "best" else "the last, which are the best"
+        print(f"  kept        {which} weights (epoch {result.best_epoch}): {result.best_checkpoint}")
+        print(f"  checkpoint  {checkpoint} (the last weights, for --resume)")
+        keep = result.best_checkpoint
+    else:
+        print(f"  checkpoint  {checkpoint}")
     if args.log:
         print(f"  history     {args.log} (JSON lines)")
-    print(f"next: edgetrain eval {args.artifact} --data DATA --checkpoint {checkpoint}")
-    print(f"      edgetrain export {args.artifact} --checkpoint {checkpoint} -o personalized.onnx")
+    print(f"next: edgetrain eval {args.artifact} --data DATA --checkpoint {keep}")
+    print(f"      edgetrain export {args.artifact} --checkpoint {keep} -o personalized.onnx")
 
 
 def _load(sess, checkpoint: str | None, artifact: str) -> str:
@@ -377,9 +440,10 @@ def _eval(args: argparse.Namespace) -> int:
 
     sess = _session(args.artifact)
     which = _load(sess, args.checkpoint, args.artifact)
-    view, shape = _open_view(args.data, args.split, sess)
+    feed = _feed(args.data, args.split, sess, args)
+    view = feed.view
     batch = session_batch(sess) or 32
-    loader = DataLoader(view, batch, transform=_reshaper(shape))
+    loader = DataLoader(view, batch, batch_transform=feed.transform)
     classes = sess.num_classes
     outputs, targets = [], []
 
@@ -421,10 +485,8 @@ def _export(args: argparse.Namespace) -> int:
     except ImportError:
         print("  not checked: onnxruntime is not installed (pip install onnxruntime)")
         return 0
-    name = sess.artifact.io["data_inputs"][0]
-    info = sess.artifact.program.values[name]
-    x = np.random.default_rng(0).random((2, *info.shape[1:])).astype(info.dtype)
     ort_sess = ort.InferenceSession(args.output, providers=["CPUExecutionProvider"])
+    x = _random_batch(ort_sess.get_inputs()[0], sess)
     got = ort_sess.run(None, {ort_sess.get_inputs()[0].name: x})[0]
     ref = sess.run(x)
     diff = float(np.max(np.abs(got - ref)))
@@ -435,6 +497,19 @@ def _export(args: argparse.Namespace) -> int:
         f"({'matches' if ok else 'DOES NOT MATCH'} edgetrain)"
     )
     return 0 if ok else 1
+
+
+def _random_batch(arg, sess):
+    """A random batch the exported model accepts: of its own fixed batch, or 2 for a symbolic one; token ids are
+    0 (a valid index whatever the vocabulary)."""
+    import numpy as np
+
+    info = sess.artifact.program.values[sess.artifact.io["data_inputs"][0]]
+    batch = arg.shape[0] if arg.shape and isinstance(arg.shape[0], int) else 2
+    shape = (batch, *info.shape[1:])
+    if np.dtype(info.dtype).kind != "f":
+        return np.zeros(shape, info.dtype)
+    return np.random.default_rng(0).random(shape).astype(info.dtype)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -492,13 +567,22 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument(
         "--val-split", type=float, help="hold out this fraction of --data for validation, e.g. 0.1"
     )
-    t.add_argument("--epochs", type=int, default=1, help="epochs to train (in all, when resuming; default 1)")
+    t.add_argument("--epochs", type=int, help="epochs to train (in all, when resuming; default 1)")
     t.add_argument("--lr", type=float, help="base learning rate (default: the one given to convert)")
     t.add_argument("--lr-schedule", help="constant (default), step:STEPS[:GAMMA] or cosine[:MIN_LR]")
-    t.add_argument("--warmup", type=int, default=0, help="steps of linear learning-rate warm-up (default 0)")
+    t.add_argument("--warmup", type=int, help="steps of linear learning-rate warm-up (default 0)")
     t.add_argument("--checkpoint", help="checkpoint file (default: the artifact's name with .etck)")
     t.add_argument("--checkpoint-every", type=int, help="also save a checkpoint every N steps")
-    t.add_argument("--resume", action="store_true", help="continue the run saved in the checkpoint, exactly")
+    t.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run saved in the checkpoint, exactly, with its own settings (they need not be repeated)",
+    )
+    t.add_argument(
+        "--init-from",
+        metavar="CHECKPOINT",
+        help="start a new run from a checkpoint's weights and optimizer state, e.g. on data that has grown",
+    )
     t.add_argument("--overwrite", action="store_true", help="start over even if the checkpoint exists")
     t.add_argument(
         "--early-stopping",
@@ -507,8 +591,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="stop after this many epochs without improvement of validation accuracy (loss for regression)",
     )
     t.add_argument("--log", help="write the history (one JSON line per epoch) to this file")
-    t.add_argument("--seed", type=int, default=0, help="shuffling and --val-split seed (default 0)")
-    t.add_argument("--no-shuffle", action="store_true", help="keep the data's order")
+    t.add_argument("--seed", type=int, help="shuffling and --val-split seed (default 0)")
+    t.add_argument("--no-shuffle", action="store_true", default=None, help="keep the data's order")
+    _data_arguments(t)
     t.set_defaults(run=_train)
 
     e = sub.add_parser(
@@ -518,6 +603,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--data", required=True, help="an MNIST directory or idx pair, .npz or .csv")
     e.add_argument("--checkpoint", help="trained parameters (default: the artifact's initial ones)")
     e.add_argument("--split", default="test", choices=["train", "test"], help="split of an MNIST directory")
+    _data_arguments(e)
     e.set_defaults(run=_eval)
 
     x = sub.add_parser("export", parents=[common], help="personalized ONNX inference model from a checkpoint")
@@ -540,6 +626,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _data_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--layout",
+        choices=["nchw", "nhwc"],
+        help="the data's image layout: nhwc (channels last, as cameras give) is transposed to the model's "
+        "channels first; default: decided from the shapes, refused when ambiguous",
+    )
+    p.add_argument(
+        "--scale",
+        nargs="?",
+        const="1/255",
+        metavar="FACTOR",
+        help="multiply the samples by FACTOR (e.g. 0.00392 or 1/255; --scale alone: 1/255, 8-bit images to [0, 1])",
+    )
+    p.add_argument(
+        "--normalize",
+        metavar="MEAN,STD",
+        help="then (x - MEAN) / STD per channel: 0.5,0.25 or per channel 0.485:0.456:0.406,0.229:0.224:0.225",
+    )
+
+
 def _convert_arguments(c: argparse.ArgumentParser) -> None:
     c.add_argument("model", help="an ONNX inference model (.onnx)")
     c.add_argument("-o", "--output", help="the artifact to write (default: the model's name with .etrain)")
@@ -558,7 +665,10 @@ def _convert_arguments(c: argparse.ArgumentParser) -> None:
         help="parameters to train: names or glob patterns (default: all), e.g. 'fc.*'",
     )
     c.add_argument(
-        "--batch-size", type=int, default=32, help="fixes the model's symbolic batch dimension (default 32)"
+        "--batch-size",
+        type=int,
+        help="the training batch (default 32): fixes a symbolic batch dimension, and re-batches a model exported "
+        "with a fixed one (checked against the model as exported)",
     )
     c.add_argument("--model-output", help="the model output the loss reads (default: the first)")
     c.add_argument("--emit-onnx", metavar="STEP.onnx", help="also write the training step as standard ONNX")
@@ -569,6 +679,11 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, where: str) 
     debug = getattr(args, "debug", False)
     try:
         return args.run(args)
+    except BrokenPipeError:
+        # the reader went away (`edgetrain check MODEL | head`): what it wanted is written; end quietly, and keep
+        # Python from reporting the same broken pipe again when it flushes stdout at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except UsageError as e:
         if debug:
             raise

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import os
 from collections.abc import Sequence
@@ -18,87 +17,11 @@ from .errors import UnsupportedError
 from .ir import Graph, TensorInfo
 from .losses import ILoss
 from .optimizers import IOptimizer, TrainingContext
-from .passes import SHAPE_INPUTS, fold_constants, make_static, prune
+from .params import Roles, find_roles, select_trainable
+from .passes import fold_constants, make_static, prune
+from .rebatch import BatchPlan, apply_batch_plan, find_batch_plan, fixed_batch, verify_batch_plan
 
-# Inputs (by position) that hold learnable parameters when they are float initializers.
-PARAM_INPUTS = {
-    "Conv": (1, 2),
-    "ConvTranspose": (1, 2),
-    "Gemm": (0, 1, 2),
-    "MatMul": (0, 1),
-    "BatchNormalization": (1, 2),
-    "LayerNormalization": (1, 2),
-    "InstanceNormalization": (1, 2),
-    "GroupNormalization": (1, 2),
-    "PRelu": (1,),
-    "Gather": (0,),
-    "Einsum": tuple(range(8)),
-    "Add": (0, 1),
-    "Sub": (0, 1),
-    "Mul": (0, 1),
-    "Div": (0,),
-}
-# Inputs that are statistics or settings, never parameters, whatever their dtype.
-NEVER_PARAM = {"BatchNormalization": (3, 4)}
 UPDATED = ".updated"  # output name of the next value of a parameter or state tensor: f"{name}.updated"
-
-
-def parameter_candidates(graph: Graph) -> tuple[list[str], set[str]]:
-    """(default trainable parameters, float initializers that may never be trained).
-    A float initializer is a parameter when an op reads it as a weight, bias, scale or embedding table (for the
-    elementwise ops: only when it holds more than one element, so constants like 2.0 or eps stay constants);
-    BatchNorm running statistics and shape-like inputs are never parameters."""
-    params, never = [], set()
-    for n in graph.nodes:
-        for pos in NEVER_PARAM.get(n.op_type, ()) + SHAPE_INPUTS.get(n.op_type, ()):
-            if pos < len(n.inputs) and n.inputs[pos]:
-                never.add(n.inputs[pos])
-    for n in graph.nodes:
-        for pos in PARAM_INPUTS.get(n.op_type, ()):
-            if pos >= len(n.inputs):
-                continue
-            name = n.inputs[pos]
-            arr = graph.initializers.get(name)
-            if arr is None or arr.dtype.kind != "f" or name in never or name in params:
-                continue
-            if n.op_type in ("Add", "Sub", "Mul", "Div") and arr.size <= 1:
-                continue
-            params.append(name)
-    return params, never
-
-
-def select_trainable(graph: Graph, trainable: str | Sequence[str] | None) -> list[str]:
-    """The trainable set: every default parameter (None), or those matching names or glob patterns. An exact
-    name may select any float initializer that is not a statistic or shape; each pattern must match."""
-    params, never = parameter_candidates(graph)
-    if trainable is None:
-        if not params:
-            raise UnsupportedError(
-                "the model has no float initializers that look like parameters "
-                "(weights, biases, scales); nothing to train"
-            )
-        return params
-    patterns = [trainable] if isinstance(trainable, str) else list(trainable)
-    chosen: list[str] = []
-    for pat in patterns:
-        if pat in graph.initializers:
-            arr = graph.initializers[pat]
-            if arr.dtype.kind != "f" or pat in never:
-                raise UnsupportedError(
-                    f"'{pat}' cannot be trained: it is "
-                    f"{'a statistic or shape input' if pat in never else arr.dtype.name}"
-                )
-            hits = [pat]
-        else:
-            hits = [p for p in params if fnmatch.fnmatchcase(p, pat)]
-        if not hits:
-            raise UnsupportedError(
-                f"trainable pattern '{pat}' matches no parameter; parameters: "
-                f"{', '.join(params[:30])}{' ...' if len(params) > 30 else ''}"
-            )
-        chosen.extend(h for h in hits if h not in chosen)
-    order = {p: k for k, p in enumerate(list(graph.initializers))}
-    return sorted(chosen, key=order.__getitem__)
 
 
 @dataclass
@@ -120,11 +43,16 @@ class TrainingArtifact:
     loss_config: dict[str, Any] = field(default_factory=dict)
     optimizer_config: dict[str, Any] = field(default_factory=dict)
     provenance: dict[str, Any] = field(default_factory=dict)
+    roles: Roles | None = None  # every initializer's role in the imported model (build side only)
+    # what conversion did that the user should know (re-batching)
+    notes: list[str] = field(default_factory=list)
+    batch_plan: BatchPlan | None = None  # how the inference graph (base) moves to another batch, when fixed
 
     @property
     def frozen(self) -> list[str]:
-        """Float parameters of the model that this artifact does not train."""
-        return [p for p in parameter_candidates(self.inference)[0] if p not in self.parameters]
+        """Parameters of the model (by role) that this artifact does not train."""
+        candidates = self.roles.parameters if self.roles is not None else []
+        return [p for p in candidates if p not in self.parameters]
 
     def feeds(
         self,
@@ -201,7 +129,7 @@ def convert(
         )
     provenance: dict[str, Any] = {}
     if isinstance(model, Graph):  # an IR graph (numpy only): made static here
-        base = fold_constants(model, fold_shapes=False)
+        imported = model
     else:
         from .onnx_io import from_onnx, load_model
 
@@ -209,8 +137,16 @@ def convert(
         provenance["source_sha256"] = hashlib.sha256(proto.SerializeToString(deterministic=True)).hexdigest()
         if isinstance(model, (str, os.PathLike)):
             provenance["source"] = os.path.basename(os.fspath(model))
-        base = fold_constants(from_onnx(proto), fold_shapes=False)
-    inference = make_static(base, batch_size=batch_size)
+        imported = from_onnx(proto)
+    # Roles are decided on the graph as imported, before anything is folded; folding then never goes through a
+    # parameter (an embedding table gathered at constant positions stays a table that trains).
+    roles = find_roles(imported)
+    chosen = select_trainable(roles, trainable)
+    base = fold_constants(imported, fold_shapes=False, keep=set(roles.parameters) | set(chosen))
+    roles = roles.finalize(base)
+    plan, notes = _rebatch(base, batch_size)
+    static_source = base if plan is None else apply_batch_plan(base, plan, batch_size)
+    inference = make_static(static_source, batch_size=batch_size, keep=chosen)
     inference.verify(static=True)
     prediction = output or inference.outputs[0]
     if prediction not in inference.outputs:
@@ -218,7 +154,13 @@ def convert(
             f"output '{prediction}' is not an output of the model; its outputs are: "
             f"{', '.join(inference.outputs)}"
         )
-    params = select_trainable(inference, trainable)
+    params = [p for p in chosen if p in inference.initializers]
+    unused = [p for p in chosen if p not in params]
+    if unused and trainable is not None:
+        raise UnsupportedError(
+            f"trainable parameter(s) {unused[:5]} do not affect the model's outputs (nothing reads them once the "
+            "graph is made static)"
+        )
 
     g = inference.copy()
     g.inputs = list(inference.inputs)
@@ -277,4 +219,26 @@ def convert(
         loss_config=loss.config(),
         optimizer_config=optimizer.config(),
         provenance=provenance,
+        roles=roles,
+        notes=notes,
+        batch_plan=plan,
     )
+
+
+def _rebatch(base: Graph, batch_size: int | None) -> tuple[BatchPlan | None, list[str]]:
+    """The batch plan when batch_size asks for another batch than the one the model was exported with, checked
+    sample by sample against the model as exported; and the notes that say what was done."""
+    found = fixed_batch(base)
+    if batch_size is None or found is None or found[1] == batch_size:
+        return None, []
+    names, b0 = found
+    plan = find_batch_plan(base, batch_size)
+    verify_batch_plan(base, apply_batch_plan(base, plan, batch_size), plan, batch_size)
+    shown = ", ".join(f"'{n}' {base.values[n]}" for n in names)
+    notes = [
+        f"re-batched: the model was exported with a fixed batch of {b0} ({shown}); it trains at batch "
+        f"{batch_size}, and its exported ONNX keeps batch {b0}"
+    ]
+    notes += [f"  rewrote {line}" for line in plan.describe(base, batch_size)]
+    notes.append("  checked: the re-batched model gives the exported model's outputs, sample by sample")
+    return plan, notes

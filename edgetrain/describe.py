@@ -7,6 +7,8 @@ import os
 from collections import Counter
 from typing import Any
 
+import numpy as np
+
 
 def _mb(n: float) -> str:
     return f"{n / 2**20:8.2f} MiB" if n >= 2**20 else f"{n / 1024:8.1f} KiB"
@@ -32,14 +34,18 @@ def _describe_artifact(path: Any, header: dict, tensors: dict, size: int) -> str
         for k, v in tensors.items()
         if k not in params and k not in state and v.dtype.kind == "f" and v.size > 1
     ]
+    zeros = header.get("zeros", {})
     by_part = {
         "trainable parameters": sum(tensors[k].nbytes for k in params),
-        "optimizer state": sum(tensors[k].nbytes for k in state),
+        "optimizer state": sum(tensors[k].nbytes for k in state if k in tensors),
         "frozen parameters and constants": sum(
             v.nbytes for k, v in tensors.items() if k not in params | state
         ),
     }
     by_part["header, alignment, checksum"] = size - sum(by_part.values())
+    if zeros:
+        n = sum(int(np.prod(shape)) * np.dtype(dt).itemsize for dt, shape in zeros.values())
+        by_part[f"(+ {len(zeros)} zero state tensors, declared, not stored)"] = n
     plan = header.get("plan", {})
     lines = [
         f"artifact   {path}  ({_mb(size).strip()}, format of edgetrain {header.get('edgetrain_version')})",

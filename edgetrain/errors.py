@@ -17,6 +17,14 @@ class ShapeError(EdgeTrainError):
     """A shape that cannot be made static, or shapes that do not fit together."""
 
 
+class ConfigError(EdgeTrainError):
+    """Settings that cannot work together, or that contradict the run a checkpoint continues."""
+
+
+class RebatchError(ShapeError):
+    """A model exported with a fixed batch that cannot be moved faithfully to the batch asked for."""
+
+
 class FeedError(EdgeTrainError):
     """Run-time inputs with a wrong name, shape or dtype."""
 
@@ -27,3 +35,14 @@ class ExecutionError(EdgeTrainError):
 
 class ArtifactError(EdgeTrainError):
     """A training artifact or checkpoint file that is corrupt, truncated, of another version or model."""
+
+
+class NonFiniteError(ExecutionError):
+    """A training step whose loss or updated values are not finite (NaN or infinite): nothing of it was committed,
+    the parameters and optimizer state are those before the step."""
+
+    def __init__(self, message: str, *, loss: float, step: int, values: list[str]):
+        super().__init__(message)
+        self.loss = loss  # the step's loss (it may be finite when only an update overflowed)
+        self.step = step  # the number the step would have had (1-based)
+        self.values = values  # the parameters or state tensors whose new values were not finite

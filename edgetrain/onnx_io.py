@@ -1,15 +1,14 @@
 """ONNX ModelProto -> edgetrain Graph (and back): the only module besides the export edges that imports onnx.
 
 Import rewrites every node into the newest form of its op (the "canonical" opset, at least 18), so the
-interpreter, the autodiff and the emitted training graphs see one semantics per op type: attributes that later
-opsets turned into inputs (Slice, Squeeze, Unsqueeze, Split, Reduce*, Pad, Clip, Dropout, TopK) become constant
-inputs, and the pre-13 flatten-to-2-D Softmax family becomes Flatten -> Softmax(axis=-1) -> Reshape.
+interpreter, the autodiff and the emitted training graphs see one semantics per op type; each op's record
+(edgetrain.ops) says below which version its node is rewritten, and how (edgetrain.canonical).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ import numpy as np
 
 from .errors import ModelError, UnsupportedError
 from .ir import Graph, GraphBuilder, Node, TensorInfo
+from .ops import record
 from .passes import contiguous, make_static
 from .runtime.kernels.registry import PRIVATE_DOMAIN
 
@@ -30,18 +30,6 @@ except ImportError as _e:  # pragma: no cover - exercised by the numpy-only test
 
 MIN_OPSET = 7
 CANONICAL_OPSET = 18  # every node is rewritten into its form at max(model opset, this)
-REDUCE_OPS = (
-    "ReduceSum",
-    "ReduceMean",
-    "ReduceMax",
-    "ReduceMin",
-    "ReduceProd",
-    "ReduceSumSquare",
-    "ReduceL1",
-    "ReduceL2",
-    "ReduceLogSum",
-    "ReduceLogSumExp",
-)
 
 
 def load_model(model: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.ModelProto:
@@ -330,44 +318,17 @@ def _since(op_type: str, opset: int) -> int:
         return opset  # unknown to onnx: the interpreter will report it as unsupported
 
 
-def _const(b: GraphBuilder, node: Node, what: str, value: Any, dtype: str) -> str:
-    return b.initializer(f"{node.name}_{what}", np.asarray(value, dtype=dtype))
-
-
-def _attr_to_input(b: GraphBuilder, node: Node, *, attrs: Sequence[tuple[str, str]], n_data: int) -> Node:
-    """Moves attributes into trailing constant inputs (named by attrs: (attribute, dtype)), after n_data
-    inputs; an absent attribute becomes an omitted input, trailing omitted ones are dropped."""
-    inputs = list(node.inputs[:n_data]) + [""] * max(0, n_data - len(node.inputs))
-    rest = dict(node.attrs)
-    for attr, dtype in attrs:
-        inputs.append(_const(b, node, attr, rest.pop(attr), dtype) if attr in rest else "")
-    while inputs and not inputs[-1]:
-        inputs.pop()
-    return node.replace(inputs=tuple(inputs), attrs=rest)
-
-
-def _softmax_pre13(b: GraphBuilder, node: Node) -> None:
-    # Pre-13 Softmax coerces the input to 2-D at `axis` and normalises each row: Flatten, softmax over the
-    # last axis, reshape back. Shape inference later drops the Flatten/Reshape when they change nothing.
-    axis = node.attrs.get("axis", 1)
-    x, y = node.inputs[0], node.outputs[0]
-    flat = b.add1("Flatten", x, attrs={"axis": axis}, name=f"{node.name}_flatten")
-    soft = b.add1(node.op_type, flat, attrs={"axis": -1}, name=node.name)
-    shape = b.add1("Shape", x, name=f"{node.name}_shape")
-    b.add("Reshape", [soft, shape], outputs=[y], name=f"{node.name}_reshape")
-
-
 def _canonicalize(b: GraphBuilder, node: Node, opset: int) -> None:
-    op, since = node.op_type, _since(node.op_type, opset)
-    rule = _RULES.get(op)
+    op = node.op_type
+    upgrade = record(op).upgrade
     if op == "Constant":
         value = _constant_value(node)
         b.graph.initializers[node.outputs[0]] = value
         b.graph.values[node.outputs[0]] = TensorInfo(value.dtype, tuple(value.shape))
         return
-    if rule is not None:
-        new_since, fn = rule
-        if since < new_since:
+    if upgrade is not None:
+        new_since, fn = upgrade
+        if _since(op, opset) < new_since:
             result = fn(b, node)
             if result is None:
                 return
@@ -394,85 +355,3 @@ def _constant_value(node: Node) -> np.ndarray:
         f"{node.label} has no supported value attribute ({', '.join(a) or 'none'}); "
         "use 'value' or value_float(s)/value_int(s)"
     )
-
-
-def _split_pre18(b: GraphBuilder, node: Node) -> Node:
-    if "split" in node.attrs:  # Split-2/11: sizes as an attribute
-        node = _attr_to_input(b, node, attrs=[("split", "int64")], n_data=1)
-    if len(node.inputs) < 2 or not node.inputs[1]:
-        node = node.replace(attrs={**node.attrs, "num_outputs": len(node.outputs)})
-    return node
-
-
-def _batchnorm_pre9(b: GraphBuilder, node: Node) -> Node:
-    attrs = dict(node.attrs)
-    if attrs.pop("spatial", 1) != 1:
-        raise UnsupportedError(
-            f"{node.label}: spatial=0 (per-activation statistics) is not supported; "
-            "only the standard per-channel BatchNormalization (spatial=1)"
-        )
-    attrs.pop("is_test", None)
-    attrs.pop("consumed_inputs", None)
-    return node.replace(attrs=attrs)
-
-
-def _dropout_pre12(b: GraphBuilder, node: Node) -> Node:
-    attrs = dict(node.attrs)
-    attrs.pop("is_test", None)
-    return _attr_to_input(b, node.replace(attrs=attrs), attrs=[("ratio", "float32")], n_data=1)
-
-
-def _pad_pre11(b: GraphBuilder, node: Node) -> Node:
-    attrs = dict(node.attrs)
-    pads = _const(b, node, "pads", attrs.pop("pads"), "int64")
-    value = _const(b, node, "value", attrs.pop("value", 0.0), "float32")
-    return node.replace(inputs=(node.inputs[0], pads, value), attrs=attrs)
-
-
-def _groupnorm_pre21(b: GraphBuilder, node: Node) -> Node:
-    # GroupNormalization-18 scales per group, -21 (the kernel's form) per channel: refuse rather than misread.
-    raise UnsupportedError(
-        f"{node.label}: GroupNormalization before opset 21 has per-group scale and bias, "
-        "which edgetrain does not support; export the model at opset 21 (per-channel)"
-    )
-
-
-def _scatter(b: GraphBuilder, node: Node) -> Node:
-    return node.replace(op_type="ScatterElements")
-
-
-Rule = tuple[int, Callable[[GraphBuilder, Node], Node | None]]
-_RULES: dict[str, Rule] = {
-    "Slice": (
-        10,
-        lambda b, n: _attr_to_input(
-            b, n, attrs=[("starts", "int64"), ("ends", "int64"), ("axes", "int64")], n_data=1
-        ),
-    ),
-    "Squeeze": (13, lambda b, n: _attr_to_input(b, n, attrs=[("axes", "int64")], n_data=1)),
-    "Unsqueeze": (13, lambda b, n: _attr_to_input(b, n, attrs=[("axes", "int64")], n_data=1)),
-    "Split": (18, _split_pre18),
-    "Pad": (11, _pad_pre11),
-    "Clip": (11, lambda b, n: _attr_to_input(b, n, attrs=[("min", "float32"), ("max", "float32")], n_data=1)),
-    "Dropout": (12, _dropout_pre12),
-    "TopK": (
-        10,
-        lambda b, n: _attr_to_input(  # K became a 1-element 1-D input
-            b, n.replace(attrs={**n.attrs, "k": [n.attrs["k"]]}), attrs=[("k", "int64")], n_data=1
-        ),
-    ),
-    "BatchNormalization": (9, _batchnorm_pre9),
-    "Softmax": (13, _softmax_pre13),
-    "LogSoftmax": (13, _softmax_pre13),
-    "Hardmax": (13, _softmax_pre13),
-    "Scatter": (99, _scatter),
-    "GroupNormalization": (21, _groupnorm_pre21),
-    # axes became an input in opset 13 for ReduceSum, in 18 for the other reductions
-    **{
-        op: (
-            13 if op == "ReduceSum" else 18,
-            lambda b, n: _attr_to_input(b, n, attrs=[("axes", "int64")], n_data=1),
-        )
-        for op in REDUCE_OPS
-    },
-}

@@ -3,53 +3,13 @@ fixing input shapes, shape inference by execution, constant folding, no-op elimi
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import numpy as np
 
 from .errors import EdgeTrainError, ShapeError
 from .ir import Graph, Node, TensorInfo
-
-# Ops whose output is random: never folded, even on constant inputs.
-NONDETERMINISTIC = {
-    "RandomNormal",
-    "RandomUniform",
-    "RandomNormalLike",
-    "RandomUniformLike",
-    "Multinomial",
-    "Bernoulli",
-}
-# Inputs (by position) that decide an op's output shape: after folding they must be constants,
-# or the graph's shapes depend on the data and cannot be planned statically.
-SHAPE_INPUTS = {
-    "Reshape": (1,),
-    "Expand": (1,),
-    "ConstantOfShape": (0,),
-    "Tile": (1,),
-    "Slice": (1, 2, 3, 4),
-    "Squeeze": (1,),
-    "Unsqueeze": (1,),
-    "Pad": (1, 3),
-    "Split": (1,),
-    "Range": (0, 1, 2),
-    "TopK": (1,),
-    "OneHot": (1,),
-    "Resize": (1, 2, 3),
-    "Upsample": (1,),
-    "ReduceSum": (1,),
-    "ReduceMean": (1,),
-    "ReduceMax": (1,),
-    "ReduceMin": (1,),
-    "ReduceProd": (1,),
-    "ReduceSumSquare": (1,),
-    "ReduceL1": (1,),
-    "ReduceL2": (1,),
-    "ReduceLogSum": (1,),
-    "ReduceLogSumExp": (1,),
-    "EyeLike": (),
-    "CumSum": (1,),
-}
-DATA_DEPENDENT = {"NonZero", "Unique", "Compress", "NonMaxSuppression", "StringSplit"}
+from .ops import record
 
 
 def contiguous(a: np.ndarray) -> np.ndarray:
@@ -130,7 +90,7 @@ def infer_shapes(graph: Graph) -> Graph:
 
 
 def _is_const_producer(node: Node, consts: Mapping[str, np.ndarray], graph: Graph, fold_shapes: bool) -> bool:
-    if node.op_type in NONDETERMINISTIC or node.domain not in ("", "ai.onnx"):
+    if record(node.op_type).random or node.domain not in ("", "ai.onnx"):
         return False
     if (
         fold_shapes
@@ -144,12 +104,17 @@ def _is_const_producer(node: Node, consts: Mapping[str, np.ndarray], graph: Grap
 _UNKNOWN = TensorInfo(np.dtype("float32"), None)
 
 
-def fold_constants(graph: Graph, *, fold_shapes: bool = True) -> Graph:
+def fold_constants(graph: Graph, *, fold_shapes: bool = True, keep: Collection[str] = ()) -> Graph:
     """Evaluates every node whose inputs are all constants (and Shape/Size of static values) and turns its
-    outputs into initializers. Weights built by ConstantOfShape become ordinary initializers this way."""
+    outputs into initializers. Weights built by ConstantOfShape become ordinary initializers this way.
+
+    keep names parameters: values that depend on them are never folded (they change as training goes), though a
+    kept value that is itself computed from constants is (it becomes the parameter's initializer)."""
     from .runtime.interpreter import Interpreter
 
-    consts = dict(graph.initializers)
+    keep = set(keep)
+    consts = {k: v for k, v in graph.initializers.items() if k not in keep}
+    inits = dict(graph.initializers)
     values = dict(graph.values)
     kept: list[Node] = []
     for node in graph.nodes:
@@ -173,11 +138,13 @@ def fold_constants(graph: Graph, *, fold_shapes: bool = True) -> Graph:
             results = Interpreter(sub, preallocate=False).run({})
         for o, r in zip(sub.outputs, results):
             r = contiguous(r)
-            consts[o] = r
+            inits[o] = r
+            if o not in keep:
+                consts[o] = r
             values[o] = TensorInfo(r.dtype, tuple(int(d) for d in r.shape))
     # Initializers that were graph outputs or are still read stay; folded intermediates nobody reads go.
     read = {i for n in kept for i in n.inputs if i} | set(graph.outputs)
-    initializers = {k: v for k, v in consts.items() if k in read}
+    initializers = {k: v for k, v in inits.items() if k in read}
     return graph.copy(nodes=kept, initializers=initializers, values=values)
 
 
@@ -242,12 +209,12 @@ def check_static_shapes(graph: Graph) -> None:
     """Raises a ShapeError naming the node whose output shape would depend on the data at run time."""
     consts = set(graph.initializers)
     for node in graph.nodes:
-        if node.op_type in DATA_DEPENDENT:
+        if record(node.op_type).data_dependent:
             raise ShapeError(
                 f"{node.label}: its output shape depends on the data, and edgetrain plans memory "
                 "with static shapes; remove the op from the model or replace it by a fixed-size op"
             )
-        for pos in SHAPE_INPUTS.get(node.op_type, ()):
+        for pos in record(node.op_type).shape_inputs:
             if pos < len(node.inputs) and node.inputs[pos] and node.inputs[pos] not in consts:
                 raise ShapeError(
                     f"{node.label}: input '{node.inputs[pos]}' decides the output shape but is "
@@ -266,7 +233,7 @@ def shape_deciding_inputs(graph: Graph) -> list[str]:
     todo = [
         n.inputs[p]
         for n in graph.nodes
-        for p in SHAPE_INPUTS.get(n.op_type, ())
+        for p in record(n.op_type).shape_inputs
         if p < len(n.inputs) and n.inputs[p]
     ]
     while todo:
@@ -303,15 +270,16 @@ def make_static(
     batch_size: int | None = None,
     shapes: Mapping[str, Sequence[int]] | None = None,
     constants: Mapping[str, np.ndarray] | None = None,
+    keep: Collection[str] = (),
 ) -> Graph:
-    """The whole static pipeline: bind constant inputs, fix input shapes, infer shapes, fold constants, drop
-    no-ops and dead code."""
+    """The whole static pipeline: bind constant inputs, fix input shapes, infer shapes, fold constants (never
+    through the parameters named in keep), drop no-ops and dead code."""
     g = bind_inputs(graph, constants or {})
     g = fix_input_shapes(
         g, batch_size=batch_size, shapes={k: v for k, v in (shapes or {}).items() if k in g.inputs}
     )
     g = infer_shapes(g)
-    g = fold_constants(g)
+    g = fold_constants(g, keep=keep)
     g = eliminate_noops(g)
     g = prune(g)
     check_static_shapes(g)

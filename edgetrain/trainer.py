@@ -18,7 +18,9 @@ import numpy as np
 
 from loaders import DataLoader
 
+from .errors import ConfigError, NonFiniteError
 from .runtime import TrainingSession
+from .schedules import ConstantLR, CosineLR, ILRSchedule, StepLR, WarmupLR, schedule_from_config
 
 __all__ = [
     "ConstantLR",
@@ -32,92 +34,6 @@ __all__ = [
     "schedule_from_config",
     "session_batch",
 ]
-
-
-# ---- learning-rate schedules ----------------------------------------------------------------------------------
-class ILRSchedule:
-    """lr_at(step, base_lr): the learning rate of optimizer step `step` (0-based), in closed form."""
-
-    def lr_at(self, step: int, base_lr: float) -> float:  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def config(self) -> dict[str, Any]:
-        return {"type": type(self).__name__}
-
-
-class ConstantLR(ILRSchedule):
-    """base_lr at every step."""
-
-    def lr_at(self, step: int, base_lr: float) -> float:
-        return float(base_lr)
-
-
-class StepLR(ILRSchedule):
-    """base_lr * gamma ** (step // step_size), as torch.optim.lr_scheduler.StepLR stepped once per batch."""
-
-    def __init__(self, step_size: int, gamma: float = 0.1):
-        if int(step_size) != step_size or step_size < 1:
-            raise ValueError(f"StepLR step_size must be a positive integer, got {step_size!r}")
-        self.step_size, self.gamma = int(step_size), float(gamma)
-
-    def lr_at(self, step: int, base_lr: float) -> float:
-        return float(base_lr) * self.gamma ** (int(step) // self.step_size)
-
-    def config(self) -> dict[str, Any]:
-        return {"type": "StepLR", "step_size": self.step_size, "gamma": self.gamma}
-
-
-class CosineLR(ILRSchedule):
-    """min_lr + (base_lr - min_lr) * (1 + cos(pi * t / T)) / 2 with t = min(step, T) (torch's closed form of
-    CosineAnnealingLR, held at min_lr after T steps)."""
-
-    def __init__(self, total_steps: int, min_lr: float = 0.0):
-        if int(total_steps) != total_steps or total_steps < 1:
-            raise ValueError(f"CosineLR total_steps must be a positive integer, got {total_steps!r}")
-        self.total_steps, self.min_lr = int(total_steps), float(min_lr)
-
-    def lr_at(self, step: int, base_lr: float) -> float:
-        t = min(int(step), self.total_steps)
-        return (
-            self.min_lr + (float(base_lr) - self.min_lr) * (1 + math.cos(math.pi * t / self.total_steps)) / 2
-        )
-
-    def config(self) -> dict[str, Any]:
-        return {"type": "CosineLR", "total_steps": self.total_steps, "min_lr": self.min_lr}
-
-
-class WarmupLR(ILRSchedule):
-    """Linear warm-up from 0: step / warmup_steps * schedule.lr_at(step) for step < warmup_steps, then the wrapped
-    schedule (which counts steps from 0 at the start of training, warm-up included)."""
-
-    def __init__(self, schedule: ILRSchedule | None, warmup_steps: int):
-        if int(warmup_steps) != warmup_steps or warmup_steps < 0:
-            raise ValueError(f"WarmupLR warmup_steps must be an integer >= 0, got {warmup_steps!r}")
-        self.schedule = schedule if schedule is not None else ConstantLR()
-        self.warmup_steps = int(warmup_steps)
-
-    def lr_at(self, step: int, base_lr: float) -> float:
-        inner = self.schedule.lr_at(step, base_lr)
-        if step < self.warmup_steps:
-            return inner * int(step) / self.warmup_steps
-        return inner
-
-    def config(self) -> dict[str, Any]:
-        return {"type": "WarmupLR", "warmup_steps": self.warmup_steps, "schedule": self.schedule.config()}
-
-
-_SCHEDULES = {"ConstantLR": ConstantLR, "StepLR": StepLR, "CosineLR": CosineLR, "WarmupLR": WarmupLR}
-
-
-def schedule_from_config(cfg: Mapping[str, Any]) -> ILRSchedule:
-    """The schedule of a config() dict (e.g. read back from a history file or a CLI option)."""
-    cfg = dict(cfg)
-    kind = cfg.pop("type", None)
-    if kind not in _SCHEDULES:
-        raise ValueError(f"unknown schedule type {kind!r}; known: {', '.join(_SCHEDULES)}")
-    if kind == "WarmupLR":
-        cfg["schedule"] = schedule_from_config(cfg["schedule"])
-    return _SCHEDULES[kind](**cfg)
 
 
 def _sample_loss_sum(session: TrainingSession, loss: float, n: int) -> float:
@@ -183,6 +99,9 @@ class TrainResult:
     stopped_early: bool
     stop_reason: str
     history: list[dict[str, Any]] = field(default_factory=list)
+    kept: str = "last"  # the weights the session holds at the end: "last", or "best" (early stopping)
+    best_epoch: int | None = None  # the epoch whose weights are best by `metric`
+    best_checkpoint: str | None = None  # the file holding them, when the trainer writes checkpoints
 
 
 _METRICS = {"val_loss": "min", "val_accuracy": "max"}
@@ -213,6 +132,8 @@ class Trainer:
         history: str | os.PathLike | None = None,
         progress: Callable[[dict[str, Any]], None] | None = None,
         classification: bool = True,
+        keep_best: bool | None = None,
+        run_options: Mapping[str, Any] | None = None,
     ):
         if int(epochs) != epochs or epochs < 1:
             raise ValueError(f"epochs must be a positive integer, got {epochs!r}")
@@ -239,6 +160,17 @@ class Trainer:
         else:
             self.metric = "val_loss" if val_loader is not None else "train_loss"
         self.base_lr = float(session.lr)
+        # what the caller wants recorded with the run (the command line's options, which --resume restores)
+        self.run_options = json.loads(json.dumps(dict(run_options or {})))
+        # Early stopping keeps the best weights (keep_best=False keeps the last); they live in a checkpoint beside
+        # the last one (run.etck -> run.best.etck), or in memory when there is no checkpoint path.
+        self.keep_best = self.early_stopping is not None if keep_best is None else bool(keep_best)
+        if self.keep_best and self.val_loader is None:
+            raise ValueError("keep_best needs a val_loader: the best weights are the best on validation data")
+        self.best_checkpoint = None
+        if self.keep_best and self.checkpoint is not None:
+            root, ext = os.path.splitext(self.checkpoint)
+            self.best_checkpoint = f"{root}.best{ext or '.etck'}"
         self._reset()
 
     # ---- checks ------------------------------------------------------------------------------------------------
@@ -286,6 +218,9 @@ class Trainer:
         self.epoch = 0  # epochs completed
         self.step = 0  # optimizer steps completed
         self.best: float | None = None
+        self.best_epoch: int | None = None
+        self._best_snapshot: dict[str, Any] | None = None
+        self._kept = "last"
         self.bad_epochs = 0
         self.history: list[dict[str, Any]] = []
         self._loss_sum, self._loss_n = 0.0, 0  # running train loss of the current epoch
@@ -299,12 +234,34 @@ class Trainer:
             "epoch": self.epoch,
             "step": self.step,
             "best": self.best,
+            "best_epoch": self.best_epoch,
             "bad_epochs": self.bad_epochs,
             "history": self.history,
             "loss_sum": self._loss_sum,
             "loss_n": self._loss_n,
             "base_lr": self.base_lr,
             "metric": self.metric,
+            "settings": self.settings(),
+            "run_options": self.run_options,
+        }
+
+    def settings(self) -> dict[str, Any]:
+        """What makes this run this run (JSON values): schedule, epochs, base lr, batching, shuffling, early
+        stopping, and fingerprints of the data. Checkpoints record it; resume() refuses a trainer that differs."""
+        from loaders import fingerprint
+
+        t = self.train_loader
+        return {
+            "schedule": self.schedule.config(),
+            "epochs": self.epochs,
+            "base_lr": self.base_lr,
+            "batch_size": t.batch_size,
+            "shuffle": t.shuffle,
+            "drop_last": t.drop_last,
+            "seed": t.seed,
+            "early_stopping": self.early_stopping,
+            "data": fingerprint(t.view),
+            "val_data": None if self.val_loader is None else fingerprint(self.val_loader.view),
         }
 
     def save_checkpoint(self) -> None:
@@ -325,6 +282,7 @@ class Trainer:
                 f"checkpoint '{self.checkpoint}' was not written by a Trainer (its user_state has no trainer "
                 "position); load it with TrainingSession.load_checkpoint instead"
             )
+        self._check_settings(state.get("settings"))
         try:
             self.train_loader.restore(state["loader"])
             if self.val_loader is not None and state.get("val_loader") is not None:
@@ -336,11 +294,48 @@ class Trainer:
             ) from e
         self.epoch, self.step = int(state["epoch"]), int(state["step"])
         self.best = None if state["best"] is None else float(state["best"])
+        self.best_epoch = state.get("best_epoch")
         self.bad_epochs = int(state["bad_epochs"])
         self.history = list(state["history"])
         self._loss_sum, self._loss_n = float(state["loss_sum"]), int(state["loss_n"])
         self.base_lr = float(state["base_lr"])
         self._epoch_seconds = 0.0
+
+    def _check_settings(self, recorded: Mapping[str, Any] | None) -> None:
+        """Refuses to continue a run with other data or other settings than those it was started with (epochs
+        may grow: a resumed run can be made longer)."""
+        if not recorded:
+            return  # a checkpoint from before settings were recorded
+        mine = self.settings()
+        for key in ("data", "val_data"):
+            old, new = recorded.get(key), mine[key]
+            if old != new:
+                what = "training" if key == "data" else "validation"
+                sizes = (
+                    f"{old['size']:,} samples then, {new['size']:,} now"
+                    if old and new
+                    else "added or removed"
+                )
+                raise ConfigError(
+                    f"checkpoint '{self.checkpoint}' continues a run over other {what} data ({sizes}, and the "
+                    f"samples differ); to train on the data as it is now from the checkpoint's weights, start a "
+                    f"new run from them (edgetrain train --init-from CHECKPOINT; in Python, "
+                    f"session.load_checkpoint(...) and a new Trainer)"
+                )
+        for key in (
+            "schedule",
+            "base_lr",
+            "batch_size",
+            "shuffle",
+            "drop_last",
+            "early_stopping",
+        ):  # the seed comes back
+            if key in recorded and recorded[key] != mine[key]:
+                raise ConfigError(
+                    f"checkpoint '{self.checkpoint}' continues a run whose {key.replace('_', ' ')} was "
+                    f"{recorded[key]!r}, but this trainer's is {mine[key]!r}: resume with the run's own settings "
+                    f"(the command line restores them by itself), or start a new run from the checkpoint"
+                )
 
     # ---- evaluation --------------------------------------------------------------------------------------------
     def evaluate(self, loader: DataLoader | None = None) -> tuple[float, float | None]:
@@ -377,6 +372,9 @@ class Trainer:
             stopped_early=stopped_early,
             stop_reason=reason,
             history=list(self.history),
+            kept=self._kept,
+            best_epoch=self.best_epoch,
+            best_checkpoint=self.best_checkpoint if self.keep_best and self.best_epoch is not None else None,
         )
 
     def fit(self, resume: bool = False) -> TrainResult:
@@ -397,13 +395,18 @@ class Trainer:
             for x, y in loader:
                 lr = self.schedule.lr_at(self.step, self.base_lr)
                 session.lr = lr
-                before = session.parameters()
-                loss = session.train_step(x, y)
-                if not math.isfinite(loss):
-                    session.set_parameters(before)
+                try:
+                    loss = session.train_step(x, y)
+                except NonFiniteError as e:  # the session committed nothing of the step
+                    what = (
+                        f"loss {e.loss}"
+                        if not math.isfinite(e.loss)
+                        else f"update of '{e.values[0]}' (or one so large the next step would overflow)"
+                    )
                     reason = (
-                        f"non-finite loss {loss} at step {self.step + 1} (epoch {self.epoch + 1}, lr {lr:g}); "
-                        f"parameters restored to those before the step, no checkpoint written"
+                        f"non-finite {what} at step {self.step + 1} (epoch {self.epoch + 1}, lr {lr:g}); nothing "
+                        f"of that step was committed: parameters and optimizer state are those of step "
+                        f"{self.step}, and no checkpoint was written after it"
                     )
                     self._emit({"event": "stop", "reason": reason})
                     return self._result(True, reason)
@@ -448,11 +451,40 @@ class Trainer:
             if stop is not None:
                 if self.checkpoint is not None:
                     self.save_checkpoint()
+                stop += self._restore_best()
                 self._emit({"event": "stop", "reason": stop})
                 return self._result(True, stop)
         if self.checkpoint is not None:
             self.save_checkpoint()
-        return self._result(False, f"completed {self.epochs} epochs")
+        return self._result(False, f"completed {self.epochs} epochs" + self._restore_best())
+
+    def _save_best(self) -> None:
+        """Keeps the weights of the epoch just ended as the best: in the best checkpoint, or in memory."""
+        if self.best_checkpoint is not None:
+            self.session.save_checkpoint(self.best_checkpoint, user_state={"best_of": self._user_state()})
+        else:
+            self._best_snapshot = self.session.snapshot()
+
+    def _restore_best(self) -> str:
+        """Puts the best weights back into the session when they are not the last ones; says which it kept."""
+        if not self.keep_best or self.best_epoch is None:
+            return ""
+        if self.best_epoch == self.epoch:
+            return f"; kept the last weights, which are the best ({self.metric} at epoch {self.best_epoch})"
+        lr = self.session.lr
+        if self.best_checkpoint is not None:
+            self.session.load_checkpoint(self.best_checkpoint)
+        elif self._best_snapshot is not None:
+            self.session.restore(self._best_snapshot)
+        else:
+            return ""
+        self.session.lr = lr
+        self._kept = "best"
+        where = f" ({self.best_checkpoint})" if self.best_checkpoint else ""
+        return (
+            f"; kept the best weights, of epoch {self.best_epoch}{where}, not the last ones of epoch {self.epoch}"
+            + (f" (those are in {self.checkpoint})" if self.checkpoint else "")
+        )
 
     def _end_epoch(self, *, lr: float, seconds: float) -> dict[str, Any] | None:
         train_loss = self._loss_sum / self._loss_n if self._loss_n else None
@@ -474,7 +506,9 @@ class Trainer:
         value = record[self.metric]
         if value is not None:
             if self._improved(value):
-                self.best, self.bad_epochs = float(value), 0
+                self.best, self.bad_epochs, self.best_epoch = float(value), 0, self.epoch
+                if self.keep_best:
+                    self._save_best()
             else:
                 self.bad_epochs += 1
         self.history.append(record)

@@ -262,7 +262,7 @@ def test_bad_input_gets_one_clear_line(work):
         (["train", art], 2, "--data"),
         (["train", art, "--data", work / "junk.bin"], 1, "unrecognised data"),
         (["train", art, "--data", work / "badlabels.npz"], 1, "12"),
-        (["train", art, "--data", work / "badshape.npz"], 1, "takes [784]"),
+        (["train", art, "--data", work / "badshape.npz"], 1, "do not fit the model's input [784]"),
         (
             [
                 "train",
@@ -422,6 +422,7 @@ def test_regression_with_mse(tmp_path):
     assert want < 0.5 * float(np.mean((x.astype(np.float64) @ w - t) ** 2))  # it learned
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_to_the_same_result(work):
     """SIGKILL a real `edgetrain train` mid-run; `--resume` from its checkpoint ends bit for bit where an
     uninterrupted run does, and the checkpoint it left was whole."""

@@ -418,6 +418,7 @@ KILL_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL")
 def test_sigkill_at_random_moments_leaves_old_or_new_file(tmp_path, report):
     path = tmp_path / "ckpt.etck"

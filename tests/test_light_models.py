@@ -16,6 +16,8 @@ from zoo import LIGHT, MODELS, randomize_weights
 
 import edgetrain as et
 
+HEAVY = ("vgg19", "bvlc_alexnet", "zfnet512")  # 60-140 M parameters: seconds each
+
 
 def _with_logits_output(model: onnx.ModelProto) -> onnx.ModelProto:
     """Adds the input of the final Softmax (when there is one) as a graph output: logits are far more sensitive
@@ -32,7 +34,9 @@ def _ort_session(model: onnx.ModelProto) -> ort.InferenceSession:
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize(
+    "name", [pytest.param(m, marks=pytest.mark.slow) if m in HEAVY else m for m in MODELS]
+)
 def test_light_model(name, report):
     path = os.path.join(LIGHT, f"light_{name}.onnx")
     model = onnx.load(path)

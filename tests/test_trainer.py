@@ -170,8 +170,12 @@ def test_huge_lr_stops(mlp_path):
     sess = et.TrainingSession(mlp_path)
     sess.lr = 1e30
     res = Trainer(sess, train, epochs=5).fit()
-    assert res.stopped_early and "non-finite loss" in res.stop_reason
-    assert res.steps < 25 and f"at step {res.steps + 1} " in res.stop_reason
+    assert (
+        res.stopped_early
+        and "non-finite update of" in res.stop_reason
+        and "would overflow" in res.stop_reason
+    )
+    assert res.steps == 0 and "at step 1 " in res.stop_reason  # lr 1e30 makes the very first update unusable
 
 
 def test_early_stopping_and_history(mlp_path, tmp_path):
@@ -217,3 +221,84 @@ def test_bad_settings(mlp_path):
         Trainer(sess, DataLoader(ArrayDataView(*data(20, 0)), 8))
     with pytest.raises(ValueError, match="checkpoint path"):
         Trainer(sess, train, checkpoint_every=3)
+
+
+def test_early_stopping_keeps_the_best_weights(mlp_path, tmp_path):
+    """Validation labels that disagree with training labels: the more the model learns, the worse it does on
+    validation, so the best epoch is the first; the trainer keeps its weights (in run.best.etck beside run.etck)
+    and says so."""
+    tx, ty = data(40, 1)
+    train = DataLoader(ArrayDataView(tx, ty), BATCH, shuffle=True, seed=0, drop_last=True)
+    val = DataLoader(ArrayDataView(tx[:16], (ty[:16] + 1) % 10), BATCH)
+    ck = tmp_path / "run.etck"
+    sess = et.TrainingSession(mlp_path)
+    seen = {}
+
+    def grab(info):  # the weights at the end of each epoch, as the trainer evaluates them
+        if info["event"] == "epoch":
+            seen[info["epoch"]] = sess.parameters()
+
+    trainer = Trainer(
+        sess,
+        train,
+        val_loader=val,
+        epochs=8,
+        checkpoint=ck,
+        early_stopping={"metric": "val_loss", "patience": 2},
+        progress=grab,
+    )
+    res = trainer.fit()
+    losses = [r["val_loss"] for r in res.history]
+    best = int(np.argmin(losses)) + 1
+    assert res.stopped_early and best < res.epochs, losses
+    assert (
+        res.kept == "best"
+        and res.best_epoch == best
+        and res.best_checkpoint == str(tmp_path / "run.best.etck")
+    )
+    assert f"kept the best weights, of epoch {best}" in res.stop_reason
+    for name, value in sess.parameters().items():  # the session holds the best epoch's weights
+        np.testing.assert_array_equal(value, seen[best][name], err_msg=name)
+    last, best_ck = et.TrainingSession(mlp_path), et.TrainingSession(mlp_path)
+    last.load_checkpoint(ck)
+    best_ck.load_checkpoint(res.best_checkpoint)
+    for name in seen[best]:
+        np.testing.assert_array_equal(best_ck.parameters()[name], seen[best][name], err_msg=name)
+        np.testing.assert_array_equal(last.parameters()[name], seen[res.epochs][name], err_msg=name)
+    assert trainer.evaluate()[0] == pytest.approx(min(losses), rel=1e-6)
+
+    # without a checkpoint path the best weights are kept in memory
+    sess2 = et.TrainingSession(mlp_path)
+    train.restore({**train.state(), "epoch": 0, "position": 0})
+    res2 = Trainer(
+        sess2, train, val_loader=val, epochs=8, early_stopping={"metric": "val_loss", "patience": 2}
+    ).fit()
+    assert res2.kept == "best" and res2.best_checkpoint is None
+    for name, value in sess2.parameters().items():
+        np.testing.assert_array_equal(value, seen[best][name], err_msg=name)
+
+
+def test_resume_refuses_other_data_and_other_settings(mlp_path, tmp_path):
+    ck = tmp_path / "run.etck"
+    train, val = loaders()
+    Trainer(
+        et.TrainingSession(mlp_path), train, val_loader=val, epochs=1, schedule=CosineLR(10), checkpoint=ck
+    ).fit()
+    grown = DataLoader(ArrayDataView(*data(52, 1)), BATCH, shuffle=True, seed=3, drop_last=True)
+    with pytest.raises(et.ConfigError, match="other training data.*44 samples then, 52 now.*--init-from"):
+        Trainer(
+            et.TrainingSession(mlp_path),
+            grown,
+            val_loader=val,
+            epochs=2,
+            schedule=CosineLR(10),
+            checkpoint=ck,
+        ).fit(resume=True)
+    train, val = loaders()
+    with pytest.raises(et.ConfigError, match="schedule was .*CosineLR.*but this trainer's is .*ConstantLR"):
+        Trainer(et.TrainingSession(mlp_path), train, val_loader=val, epochs=2, checkpoint=ck).fit(resume=True)
+    train, val = loaders()  # the same settings, more epochs: a longer run
+    res = Trainer(
+        et.TrainingSession(mlp_path), train, val_loader=val, epochs=2, schedule=CosineLR(10), checkpoint=ck
+    ).fit(resume=True)
+    assert res.epochs == 2 and res.steps == 10

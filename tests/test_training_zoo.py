@@ -14,6 +14,7 @@ import edgetrain as et
 from edgetrain.runtime.interpreter import Interpreter
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", MODELS)
 def test_zoo_model_trains(name, report):
     model = randomize_weights(load(name), seed=sum(map(ord, name)))

@@ -4,6 +4,7 @@ checkpoints, and export of the personalized inference model."""
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -11,8 +12,9 @@ from typing import Any
 import numpy as np
 
 from ..artifact import load_artifact
-from ..errors import ArtifactError, FeedError, UnsupportedError
+from ..errors import ArtifactError, FeedError, NonFiniteError, UnsupportedError
 from ..passes import make_static, prune
+from ..rebatch import apply_batch_plan, fixed_batch
 from .interpreter import Interpreter, check_feeds
 
 
@@ -79,20 +81,50 @@ class TrainingSession:
                 raise FeedError(f"parameter '{name}' has shape {list(cur.shape)}, got {list(value.shape)}")
             if value.dtype.kind != "f":
                 raise FeedError(f"parameter '{name}' must be floating point, got {value.dtype}")
+            if not _finite(value):
+                raise FeedError(f"parameter '{name}' holds non-finite values (NaN or infinity); refused")
         for name, value in params.items():
             self._values[name] = np.array(value, dtype=self._values[name].dtype)
 
     def train_step(self, x: Any, y: Any) -> float:
-        """One optimizer step on a batch; returns the loss (before the update)."""
+        """One optimizer step on a batch; returns the loss (before the update).
+
+        A step commits nothing it cannot stand behind: when the loss or any updated parameter or optimizer state is
+        not finite, it raises NonFiniteError and the session keeps the parameters and state it had before."""
         feeds = self._feeds(x, y)
         out = self._step_program.run(feeds)
-        names = self._step_program.graph.outputs
-        results = dict(zip(names, out))
+        results = dict(zip(self._step_program.graph.outputs, out))
         loss = float(results[self._io["loss"]])
-        for name, new in self._io["updates"].items():
+        updates = self._io["updates"]
+        params = set(self._io["parameters"])
+        bad = [] if math.isfinite(loss) else list(updates)  # a non-finite loss poisons every update
+        bad = bad or [
+            n
+            for n, new in updates.items()
+            if not (_usable(results[new]) if n in params else _finite(results[new]))
+        ]
+        if bad:
+            raise NonFiniteError(
+                self._non_finite_message(loss, bad), loss=loss, step=self.step + 1, values=bad
+            )
+        for name, new in updates.items():
             self._values[name] = results[new]
         self.step += 1
         return loss
+
+    def _non_finite_message(self, loss: float, bad: list[str]) -> str:
+        what = (
+            f"the loss is {loss}"
+            if not math.isfinite(loss)
+            else f"the loss {loss:.4g} is finite, but the updated value of '{bad[0]}'"
+            + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")
+            + " is not finite, or so large that the next step would overflow"
+        )
+        return (
+            f"training step {self.step + 1}: {what} (learning rate {self._lr:g}); nothing was committed: the "
+            "parameters and optimizer state are those before the step. Lower the learning rate, clip the gradient "
+            "norm (convert with clip_grad_norm= / --clip-grad-norm), or check the batch for non-finite values"
+        )
 
     def evaluate(self, x: Any, y: Any) -> tuple[float, np.ndarray]:
         """(loss, model output) on a batch, without updating anything."""
@@ -112,7 +144,7 @@ class TrainingSession:
         key = tuple(np.shape(v) for v in data.values())
         prog = self._run_programs.get(key)
         if prog is None:
-            base = self.artifact.base
+            base = self._base_at(data)
             params = set(self._io["parameters"])
             # Trainable parameters become inputs, so folding cannot bake the initial values in.
             g = base.copy(
@@ -130,6 +162,33 @@ class TrainingSession:
         feeds = {**data, **{p: self._values[p] for p in prog.graph.inputs if p in self._values}}
         return prog.run(feeds)[0]
 
+    def _base_at(self, data: Mapping[str, np.ndarray]):
+        """The inference graph at the batch of `data`: a model exported with a fixed batch is moved to it by the
+        batch plan that conversion found and checked; without one, it runs at its own batch only."""
+        base, plan = self.artifact.base, self.artifact.batch_plan
+        found = fixed_batch(base)
+        if found is None:
+            return base
+        names, b0 = found
+        batch = int(np.shape(data[names[0]])[0]) if np.ndim(data[names[0]]) else b0
+        if batch == b0:
+            return base
+        if plan is None:
+            raise FeedError(
+                f"the model was exported with a fixed batch of {b0} (input '{names[0]}' {base.values[names[0]]}); "
+                f"run it on batches of {b0}, or convert it with --batch-size N to train and run at another batch"
+            )
+        return apply_batch_plan(base, plan, batch)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Copies of the parameters and optimizer state, with the step count and lr; restore() puts them back."""
+        return {"values": {k: v.copy() for k, v in self._values.items()}, "step": self.step, "lr": self._lr}
+
+    def restore(self, snapshot: Mapping[str, Any]) -> None:
+        """Puts back what snapshot() took."""
+        self._values = {k: v.copy() for k, v in snapshot["values"].items()}
+        self.step, self._lr = int(snapshot["step"]), float(snapshot["lr"])
+
     # ---- checkpoints -------------------------------------------------------------------------------------------
     def save_checkpoint(self, path: str | os.PathLike, user_state: Mapping[str, Any] | None = None) -> int:
         """Writes parameters, optimizer state, step, lr and user_state (JSON values, e.g. a data loader's
@@ -142,6 +201,13 @@ class TrainingSession:
             ) from e
         from ..container import write_container
 
+        bad = [k for k, v in self._values.items() if not _finite(v)]
+        if bad or not math.isfinite(
+            self._lr
+        ):  # train_step and set_parameters refuse these: a bug if seen here
+            raise ArtifactError(
+                f"refusing to write checkpoint '{path}': '{bad[0] if bad else 'lr'}' is not finite"
+            )
         header = {
             "program_id": self.artifact.program_id,
             "step": self.step,
@@ -172,10 +238,26 @@ class TrainingSession:
                     f"checkpoint '{path}': '{k}' is {arr.dtype}{list(arr.shape)}, expected "
                     f"{self._values[k].dtype}{list(self._values[k].shape)}"
                 )
-            self._values[k] = np.array(arr)
-        self.step = int(header["step"])
-        self._lr = float(header["lr"])
-        return dict(header.get("user_state", {}))
+            if not _finite(arr):
+                raise ArtifactError(
+                    f"checkpoint '{path}': '{k}' holds non-finite values (NaN or infinity); edgetrain never writes "
+                    "such a checkpoint, so the file was made elsewhere or damaged: use an earlier checkpoint"
+                )
+        step, lr, user = header.get("step"), header.get("lr"), header.get("user_state", {})
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise ArtifactError(
+                f"checkpoint '{path}': its step count {step!r} is not an integer >= 0; damaged"
+            )
+        if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not math.isfinite(lr) or lr < 0:
+            raise ArtifactError(f"checkpoint '{path}': its learning rate {lr!r} is not a finite number >= 0")
+        if not isinstance(user, dict):
+            raise ArtifactError(
+                f"checkpoint '{path}': its user_state is a {type(user).__name__}, not a JSON object"
+            )
+        for k in self._values:
+            self._values[k] = np.array(tensors[k])
+        self.step, self._lr = step, float(lr)
+        return dict(user)
 
     # ---- export ------------------------------------------------------------------------------------------------
     def export_onnx(self, path: str | os.PathLike) -> None:
@@ -216,8 +298,11 @@ class TrainingSession:
                 raise FeedError(f"input '{name}' is missing; the model's inputs are: {', '.join(names)}")
             info = self.artifact.program.values[name]
             arr = np.asarray(data[name])
-            if arr.dtype != info.dtype and arr.dtype.kind in "fiub" and np.dtype(info.dtype).kind == "f":
-                arr = arr.astype(info.dtype)  # a float64 or integer image batch: convert, as users expect
+            want = np.dtype(info.dtype)
+            if arr.dtype != want and arr.dtype.kind in "fiub" and want.kind == "f":
+                arr = arr.astype(want)  # a float64 or integer image batch: convert, as users expect
+            elif arr.dtype != want and arr.dtype.kind in "iub" and want.kind in "iu":
+                arr = arr.astype(want)  # int32 token ids for an int64 input
             out[name] = arr
         if fixed_batch:
             check_feeds(self.artifact.program.copy(inputs=names), out)
@@ -252,3 +337,17 @@ class TrainingSession:
         feeds[io["lr"]] = np.asarray(self._lr, np.float32)
         feeds.update(self._values)
         return feeds
+
+
+def _usable(a: np.ndarray) -> bool:
+    """Whether a parameter is finite and no larger than sqrt(the dtype's largest value): beyond that, the product
+    of two such values overflows, so the next forward pass could not be finite (an update of lr 1e30 gets there
+    in one step, with a finite loss)."""
+    cap = float(np.sqrt(np.finfo(a.dtype).max)) if a.dtype.kind == "f" else np.inf
+    return a.size == 0 or bool(-cap <= float(a.min()) and float(a.max()) <= cap)
+
+
+def _finite(a: np.ndarray) -> bool:
+    """Whether every element is finite, in one pass and no temporary the size of `a`: a float64 sum of float32
+    values cannot overflow, and NaN or infinity anywhere makes it non-finite."""
+    return bool(np.isfinite(np.sum(a, dtype=np.float64)))
