@@ -77,6 +77,8 @@ def _config_text(cfg: dict[str, Any]) -> str:
 
 
 def _convert(args: argparse.Namespace) -> int:
+    import numpy as np
+
     import edgetrain as et
 
     from .container import inspect_container
@@ -105,7 +107,7 @@ def _convert(args: argparse.Namespace) -> int:
     plan = inspect_container(out)["header"].get("plan", {})  # the header alone: no second read of the tensors
     n_train = sum(int(art.initial[p].size) for p in art.parameters)
     frozen = art.frozen
-    n_frozen = sum(int(art.inference.initializers[p].size) for p in frozen)
+    n_frozen = sum(int(np.prod(art.roles.entries[p].shape)) for p in frozen)  # folded ones too
     batch = art.graph.values[art.data_inputs[0]].shape[0]
     backward = len(art.graph.nodes) - len(art.inference.nodes)
     print(f"converted {args.model} -> {out} ({_mb(size)}) in {duration(seconds)}")
@@ -259,6 +261,21 @@ def _flag(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
+def _same_option(dest: str, given: Any, recorded: Any) -> bool:
+    """Whether a repeated option says what the run recorded (values, not spellings: 1/255 is 0.00392...)."""
+    import numpy as np
+
+    from loaders import parse_normalize, parse_scale
+
+    parse = {"scale": parse_scale, "normalize": parse_normalize}.get(dest)
+    if parse is None or given is None or recorded is None:
+        return given == recorded
+    try:
+        return bool(np.allclose(np.ravel(parse(given)), np.ravel(parse(recorded)), rtol=1e-12, atol=0))
+    except ValueError:
+        return False
+
+
 def _restore_options(args: argparse.Namespace, checkpoint: str) -> dict[str, Any]:
     """On --resume: the run's recorded options fill the ones not given, and a given one that contradicts the run is
     a usage error (--epochs excepted: a run can be made longer). Returns the checkpoint's trainer settings."""
@@ -274,7 +291,7 @@ def _restore_options(args: argparse.Namespace, checkpoint: str) -> dict[str, Any
         given = getattr(args, dest, None)
         if dest not in RECORDED or dest == "epochs":
             continue
-        if given is not None and given != value:
+        if given is not None and not _same_option(dest, given, value):
             was = (
                 "not set"
                 if value in (None, False)
@@ -332,6 +349,7 @@ def _train(args: argparse.Namespace) -> int:
     total = args.epochs * len(train)
     if settings.get("schedule"):  # a resumed run keeps its schedule exactly (a cosine keeps its length)
         schedule = schedule_from_config(settings["schedule"])
+        _check_schedule_covers(schedule, total, int(settings.get("step", 0)), checkpoint)
     else:
         schedule = _schedule(args.lr_schedule, args.warmup, total)
     resumed_steps = int(settings.get("step", 0))
@@ -358,7 +376,7 @@ def _train(args: argparse.Namespace) -> int:
     print(
         f"training {args.artifact} on {args.data}: {n_train:,} samples"
         + (f", {n_val:,} for validation" if val is not None else "")
-        + f"; batch {batch}, {len(train)} steps per epoch",
+        + f"; batch {batch}, {_plural(len(train), 'step')} per epoch",
         file=sys.stderr,
     )
     if args.resume:
@@ -377,6 +395,19 @@ def _train(args: argparse.Namespace) -> int:
     _train_summary(args, result, seconds, batch, checkpoint, bar)
     nonfinite = result.stopped_early and result.stop_reason.startswith("non-finite")
     return 1 if nonfinite else 0
+
+
+def _check_schedule_covers(schedule, total: int, done: int, checkpoint: str) -> None:
+    """A resumed run made longer than its schedule: refused when the steps past its end would train at lr 0."""
+    cfg = schedule.config()
+    inner = cfg.get("schedule", cfg) if cfg.get("type") == "WarmupLR" else cfg
+    if inner.get("type") != "CosineLR" or total <= inner["total_steps"] or inner["min_lr"] > 0:
+        return
+    raise UsageError(
+        f"the run in {checkpoint} decays its learning rate to 0 over {inner['total_steps']} steps (cosine), so the "
+        f"{total - max(inner['total_steps'], done)} steps more that --epochs asks for would not train at all; "
+        f"start a new run from its weights instead: --init-from {checkpoint} --lr-schedule cosine"
+    )
 
 
 def _check_train_options(args: argparse.Namespace) -> None:
@@ -550,13 +581,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.add_argument("model", help="an ONNX inference model (.onnx)")
     c.add_argument("--batch-size", type=int, default=1, help="batch size to check shapes at (default 1)")
-    c.set_defaults(run=_check)
+    c.set_defaults(run=_check, parser=c)
 
     i = sub.add_parser(
         "inspect", parents=[common], help="what is in an artifact (.etrain) or checkpoint (.etck)"
     )
     i.add_argument("file", help="an artifact or checkpoint file")
-    i.set_defaults(run=_inspect)
+    i.set_defaults(run=_inspect, parser=i)
 
     t = sub.add_parser("train", parents=[common], help="train an artifact on data, with checkpoints")
     t.add_argument("artifact", help="a training artifact (.etrain) from `edgetrain convert`")
@@ -594,7 +625,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, help="shuffling and --val-split seed (default 0)")
     t.add_argument("--no-shuffle", action="store_true", default=None, help="keep the data's order")
     _data_arguments(t)
-    t.set_defaults(run=_train)
+    t.set_defaults(run=_train, parser=t)
 
     e = sub.add_parser(
         "eval", parents=[common], help="loss and accuracy of an artifact or checkpoint on data"
@@ -604,14 +635,14 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--checkpoint", help="trained parameters (default: the artifact's initial ones)")
     e.add_argument("--split", default="test", choices=["train", "test"], help="split of an MNIST directory")
     _data_arguments(e)
-    e.set_defaults(run=_eval)
+    e.set_defaults(run=_eval, parser=e)
 
     x = sub.add_parser("export", parents=[common], help="personalized ONNX inference model from a checkpoint")
     x.add_argument("artifact", help="a training artifact (.etrain)")
     x.add_argument("--checkpoint", help="trained parameters (default: the artifact's initial ones)")
     x.add_argument("-o", "--output", required=True, help="the ONNX file to write")
     x.add_argument("--no-check", action="store_true", help="skip the onnxruntime check")
-    x.set_defaults(run=_export)
+    x.set_defaults(run=_export, parser=x)
 
     d = sub.add_parser(
         "demo", parents=[common], help="personalize the embedded handwriting model (< 1 minute)"
@@ -622,7 +653,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--epochs", type=int, default=20, help="fine-tuning epochs (default 20)")
     d.add_argument("--no-plot", action="store_true", help="do not write the training-curve plot")
     d.add_argument("--json", help="also write the results as JSON to this file")
-    d.set_defaults(run=_demo)
+    d.set_defaults(run=_demo, parser=d)
     return p
 
 
@@ -672,13 +703,15 @@ def _convert_arguments(c: argparse.ArgumentParser) -> None:
     )
     c.add_argument("--model-output", help="the model output the loss reads (default: the first)")
     c.add_argument("--emit-onnx", metavar="STEP.onnx", help="also write the training step as standard ONNX")
-    c.set_defaults(run=_convert)
+    c.set_defaults(run=_convert, parser=c)
 
 
 def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, where: str) -> int:
     debug = getattr(args, "debug", False)
     try:
-        return args.run(args)
+        code = args.run(args)
+        sys.stdout.flush()  # inside the try: a reader that went away must not be reported at exit
+        return code
     except BrokenPipeError:
         # the reader went away (`edgetrain check MODEL | head`): what it wanted is written; end quietly, and keep
         # Python from reporting the same broken pipe again when it flushes stdout at exit
@@ -687,7 +720,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, where: str) 
     except UsageError as e:
         if debug:
             raise
-        parser.print_usage(sys.stderr)
+        getattr(args, "parser", parser).print_usage(sys.stderr)
         print(f"{where}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

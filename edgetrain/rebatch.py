@@ -284,7 +284,7 @@ def verify_batch_plan(
         ):
             nodes = ", ".join(sorted({e.node for e in plan.edits})) or "none"
             why = (
-                f"shape {list(mine.shape)} instead of {list(ref.shape)}"
+                f"at batch {batch} it has shape {list(got.shape)}, at batch {b0} {list(parts[0].shape)}"
                 if mine.shape != ref.shape
                 else f"values differ by up to {float(np.max(np.abs(mine - ref))):.3g}"
             )

@@ -159,7 +159,8 @@ def test_trainable_patterns_and_errors():
     )
     assert art.parameters == ["conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc3.bias"]
     with pytest.raises(
-        et.UnsupportedError, match=r"pattern 'head\.\*' matches no parameter name and no node name\. Parameters: 'conv1"
+        et.UnsupportedError,
+        match=r"pattern 'head\.\*' matches no parameter name and no node name\. Parameters: 'conv1",
     ):
         et.convert(
             lenet, loss=et.CrossEntropyLoss(), optimizer=et.SGD(lr=0.1), trainable=["head.*"], batch_size=2
