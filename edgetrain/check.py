@@ -108,11 +108,11 @@ def check(model: Any, *, batch_size: int | None = 1) -> CheckReport:
     from .autodiff.context import GradContext, ShapedBuilder
     from .autodiff.driver import RULES, differentiate
     from .onnx_io import from_onnx, load_model
-    from .params import FIXED, find_roles
+    from .params import FIXED, find_roles, untie_merged
     from .passes import fold_constants, make_static
 
     proto = load_model(model)
-    imported = from_onnx(proto)
+    imported, untied = untie_merged(from_onnx(proto))
     roles = find_roles(imported)
     params = roles.parameters
     base = fold_constants(imported, fold_shapes=False, keep=params)
@@ -129,7 +129,17 @@ def check(model: Any, *, batch_size: int | None = 1) -> CheckReport:
     counts = Counter(n.op_type for n in graph.nodes)
     ops = [OpCoverage(op, c, op in RULES, on_path[op]) for op, c in sorted(counts.items())]
     infos = [
-        ParameterInfo(r.name, r.shape or (), r.kind == "parameter", r.kind, r.role, r.nodes, r.aliases)
+        ParameterInfo(
+            r.name,
+            r.shape or (),
+            r.kind == "parameter",
+            r.kind,
+            r.role,
+            [
+                scope or node for node, scope in zip(r.nodes, r.scopes)
+            ],  # module paths where the names lack them
+            r.aliases,
+        )
         for r in roles.entries.values()
         if r.kind != FIXED or r.dtype.startswith("float")
     ]
@@ -142,6 +152,7 @@ def check(model: Any, *, batch_size: int | None = 1) -> CheckReport:
         parameters=infos,
         derivable=False,
     )
+    report.notes.extend(untied)
     tied = [p for p in infos if p.trainable and p.aliases]
     if tied:
         report.notes.append(

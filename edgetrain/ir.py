@@ -83,6 +83,9 @@ class Graph:
     opset: int
     name: str = "graph"
     opsets: dict[str, int] = field(default_factory=dict)  # other domains, e.g. {"com.edgetrain": 1}
+    # node name -> the module path an exporter recorded for it ('/layer4/layer4.0/layer4.0.conv1'), when its name
+    # does not say it (torch's dynamo exporter names nodes node_Conv_340); used to select layers by pattern
+    scopes: dict[str, str] = field(default_factory=dict)
 
     # ---- queries -------------------------------------------------------------------------------------------
     def producers(self) -> dict[str, Node]:
@@ -112,6 +115,7 @@ class Graph:
             opset=self.opset,
             name=self.name,
             opsets=dict(self.opsets),
+            scopes=dict(self.scopes),
         )
         fields.update(changes)
         return Graph(**fields)

@@ -7,6 +7,7 @@ interpreter, the autodiff and the emitted training graphs see one semantics per 
 
 from __future__ import annotations
 
+import ast
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -200,12 +201,30 @@ def from_onnx(model: str | os.PathLike | bytes | onnx.ModelProto) -> Graph:
         label = f"node '{name}' ({n.op_type})"
         attrs = {a.name: _attr_value(a, label) for a in n.attribute}
         node = Node(n.op_type, tuple(n.input), tuple(n.output), attrs, name, n.domain)
+        scope = _scope(n)
+        if scope:
+            b.graph.scopes[name] = scope
         if n.domain not in ("", "ai.onnx"):
             raise UnsupportedError(
                 f"{label} is in domain '{n.domain}'; edgetrain runs the standard ONNX domain (ai.onnx) only"
             )
         _canonicalize(b, node, opset)
     return b.finish()
+
+
+def _scope(n: onnx.NodeProto) -> str:
+    """The module path torch's dynamo exporter records in a node's metadata (its node names do not carry it):
+    "['', 'layer4', 'layer4.0', 'layer4.0.conv1', 'conv2d_16']" -> '/layer4/layer4.0/layer4.0.conv1/conv2d_16'."""
+    text = next((p.value for p in n.metadata_props if p.key == "pkg.torch.onnx.name_scopes"), "")
+    if not text:
+        return ""
+    try:
+        names = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return ""
+    if not isinstance(names, list) or not all(isinstance(x, str) for x in names):
+        return ""
+    return "/" + "/".join(x for x in names if x)
 
 
 def import_model(

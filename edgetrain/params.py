@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import UnsupportedError
-from .ir import Graph, Node
+from .ir import Graph, Node, TensorInfo
 from .ops import record
 
 PARAMETER, CONSTANT, FIXED = "parameter", "constant", "fixed"
@@ -35,9 +35,10 @@ class Role:
     nodes: list[str] = field(default_factory=list)  # the nodes that read it (through rearranging ops)
     shape: tuple[int, ...] | None = None
     dtype: str = ""
-    aliases: list[str] = field(
-        default_factory=list
-    )  # names of Identity copies: one tensor under several names
+    # names of Identity copies: one tensor under several names
+    aliases: list[str] = field(default_factory=list)
+    # module paths of the reading nodes, where the exporter recorded them (else "")
+    scopes: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -68,7 +69,9 @@ class Roles:
                 continue
             kind = r.kind if arr.dtype.kind == "f" or r.kind == FIXED else FIXED
             shape = tuple(int(d) for d in arr.shape)
-            out[name] = Role(name, kind, r.role, list(r.nodes), shape, arr.dtype.name, list(r.aliases))
+            out[name] = Role(
+                name, kind, r.role, list(r.nodes), shape, arr.dtype.name, list(r.aliases), list(r.scopes)
+            )
         return Roles(out)
 
 
@@ -206,6 +209,7 @@ def find_roles(graph: Graph) -> Roles:
             if reader.name not in r.nodes:
                 r.nodes.append(reader.name)
         r.aliases = w.aliases(name)
+        r.scopes = [graph.scopes.get(n, "") for n in r.nodes]
     return Roles(entries)
 
 
@@ -254,12 +258,7 @@ def select_trainable(roles: Roles, trainable: str | Sequence[str] | None) -> lis
                 )
             hits = [pat]
         else:
-            hits = [
-                p
-                for p in params
-                if fnmatch.fnmatchcase(p, pat)
-                or any(fnmatch.fnmatchcase(n, pat) for n in roles.entries[p].nodes)
-            ]
+            hits = [p for p in params if _matches(roles.entries[p], pat)]
         if not hits:
             raise UnsupportedError(_no_match(roles, pat))
         chosen.extend(h for h in hits if h not in chosen)
@@ -267,18 +266,23 @@ def select_trainable(roles: Roles, trainable: str | Sequence[str] | None) -> lis
     return sorted(chosen, key=order.__getitem__)
 
 
+def _matches(r: Role, pat: str) -> bool:
+    """A pattern selects a tensor by its own name, or by the name or module path of a node that reads it."""
+    return any(fnmatch.fnmatchcase(n, pat) for n in [r.name, *r.nodes, *r.scopes] if n)
+
+
 def _no_match(roles: Roles, pat: str) -> str:
     params = roles.parameters
     msg = f"trainable pattern '{pat}' matches no parameter name and no node name"
     words = [w for w in re.split(r"[*?\[\]]+", pat) if w.strip("./_-")]
-    nodes = sorted({n for p in params for n in roles.entries[p].nodes})
+    readers = {n: p for p in reversed(params) for n in roles.entries[p].nodes + roles.entries[p].scopes if n}
+    nodes = sorted(readers)
     near = [n for n in nodes if words and all(w.strip(".") in n for w in words)]
     if near:
         prefix = _prefix_through(near[0], words[0].strip("."))
         msg += (
-            f". Nodes named like it read parameters, e.g. '{near[0]}' (reading "
-            f"'{next(p for p in params if near[0] in roles.entries[p].nodes)}'): select them by node name, "
-            f"e.g. '{prefix}*'"
+            f". Nodes named like it read parameters, e.g. '{near[0]}' (reading '{readers[near[0]]}'): select "
+            f"them by node name, e.g. '{prefix}*'"
         )
     else:
         shown = ", ".join(f"'{p}'" for p in params[:8])
@@ -294,3 +298,47 @@ def _prefix_through(name: str, word: str) -> str:
     at = name.find(word)
     end = name.find("/", at + len(word))
     return name[: end + 1] if end >= 0 else name[: at + len(word)]
+
+
+def untie_merged(graph: Graph) -> tuple[Graph, list[str]]:
+    """Undoes an exporter's merging where it joined tensors of different kinds: the TorchScript exporter merges
+    initializers whose values are identical (a fresh BatchNorm weight of ones and a running variance of ones) and
+    reads the merged one through Identity nodes named after the originals. Aliases that fill a parameter role and
+    a statistic role were never one tensor: each gets its own initializer again. (Aliases that are all parameters
+    stay one tensor: torch merges truly shared weights the same way, and the graph cannot tell them apart.)"""
+    families: dict[str, list[Node]] = {}
+    for n in graph.nodes:
+        if n.op_type == "Identity" and n.inputs and n.inputs[0] in graph.initializers and n.outputs[0]:
+            if n.outputs[0] not in graph.outputs:
+                families.setdefault(n.inputs[0], []).append(n)
+    if not families:
+        return graph, []
+    split = _materialize(graph, {n for ns in families.values() for n in ns})
+    roles = find_roles(split)
+    notes, untie = [], set()
+    for src, copies in families.items():
+        members = [src] + [n.outputs[0] for n in copies]
+        used = [roles.entries[m] for m in members if m in roles.entries and roles.entries[m].nodes]
+        if {PARAMETER, FIXED} <= {r.kind for r in used}:
+            untie.update(copies)
+            shown = ", ".join(f"'{r.name}' ({r.role})" for r in used[:3]) + (" ..." if len(used) > 3 else "")
+            notes.append(
+                f"the exporter merged tensors with identical values into '{src}': {shown}; they are a parameter "
+                "and a statistic, so edgetrain reads them as the separate tensors they are"
+            )
+    return (_materialize(graph, untie), notes) if untie else (graph, [])
+
+
+def _materialize(graph: Graph, identities: set[Node]) -> Graph:
+    """The graph with the given Identity-of-initializer nodes replaced by initializers of their own."""
+    copies: dict[str, list[str]] = {}
+    for n in identities:
+        copies.setdefault(n.inputs[0], []).append(n.outputs[0])
+    inits, values = {}, dict(graph.values)
+    for name, arr in graph.initializers.items():  # each copy right after its source: listings read in order
+        inits[name] = arr
+        for alias in copies.get(name, []):
+            inits[alias] = arr
+            values[alias] = TensorInfo(arr.dtype, tuple(int(d) for d in arr.shape))
+    kept = [n for n in graph.nodes if n not in identities]
+    return graph.copy(nodes=kept, initializers=inits, values=values)

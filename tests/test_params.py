@@ -322,3 +322,41 @@ def test_statistics_and_shape_values_cannot_be_named():
     ):
         with pytest.raises(et.UnsupportedError, match=f"'{name}' cannot be trained: it is the {what}"):
             et.convert(m, loss=et.CrossEntropyLoss(), optimizer=sgd(), batch_size=2, trainable=[name])
+
+
+def test_a_statistic_and_a_parameter_merged_by_the_exporter_are_separated_again():
+    """A fresh BatchNorm weight and a running variance are both all ones; the TorchScript exporter merges them into
+    one initializer read through Identity nodes. Kept merged, the weight would be frozen as a statistic."""
+    ones = np.ones(3, np.float32)
+    nodes = [
+        helper.make_node("Identity", ["merged"], ["bn.weight"], name="/Identity"),
+        helper.make_node("Identity", ["merged"], ["bn.running_var"], name="/Identity_1"),
+        helper.make_node(
+            "BatchNormalization",
+            ["x", "bn.weight", "bn.bias", "bn.running_mean", "bn.running_var"],
+            ["n"],
+            name="/bn",
+        ),
+        helper.make_node("Gemm", ["n", "fc.weight"], ["y"], name="/fc/Gemm", transB=1),
+    ]
+    inits = {"merged": ones, "bn.bias": f32(3), "bn.running_mean": f32(3), "fc.weight": f32(2, 3)}
+    x = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])]
+    m = model(nodes, x, "y", inits, out_shape=["N", 2])
+    art = et.convert(m, loss=et.CrossEntropyLoss(), optimizer=sgd(), batch_size=2)
+    assert art.parameters == ["bn.weight", "bn.bias", "fc.weight"]
+    assert any("merged tensors with identical values into 'merged'" in n for n in art.notes)
+    assert art.roles.entries["bn.running_var"].kind == "fixed"
+    assert any("separate tensors" in n for n in check(m).notes)
+
+
+def test_layers_are_selected_by_the_module_path_an_exporter_records():
+    """torch's dynamo exporter names nodes node_Conv_340 and keeps the module path in metadata."""
+    m = layered()
+    for n in m.graph.node:
+        layer = n.name.split("/")[1]
+        entry = n.metadata_props.add()
+        entry.key, entry.value = "pkg.torch.onnx.name_scopes", str(["", layer, f"{layer}.0", "conv2d"])
+        n.name = f"node_{n.op_type}_{len(n.name)}"
+    art = et.convert(m, loss=et.CrossEntropyLoss(), optimizer=sgd(), batch_size=2, trainable=["/layer2/*"])
+    assert art.parameters == ["onnx::Conv_192", "onnx::Conv_193"]
+    assert "/layer2/layer2.0/conv2d" in check(m).text()

@@ -1,0 +1,7 @@
+"""`python -m edgetrain.cli`: the edgetrain command."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

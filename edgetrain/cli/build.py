@@ -1,0 +1,181 @@
+"""The build-side commands: convert (ONNX model -> training artifact), check, inspect, export, demo. convert, check,
+export and demo need onnx; inspect needs numpy alone."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Any
+
+from ..errors import EdgeTrainError, RebatchError
+from ..progress import duration
+from .common import UsageError, load_weights, mb, open_session, plural
+
+LOSSES = {"cross-entropy": "CrossEntropyLoss", "mse": "MSELoss", "l1": "L1Loss", "bce": "BCEWithLogitsLoss"}
+
+
+DEFAULT_LR = {"sgd": 0.01, "adam": 0.001, "adamw": 0.001}
+
+
+def _make_loss(args: argparse.Namespace):
+    import edgetrain as et
+
+    if args.label_smoothing and args.loss != "cross-entropy":
+        raise UsageError("--label-smoothing applies to --loss cross-entropy only")
+    if args.loss == "cross-entropy":
+        return et.CrossEntropyLoss(label_smoothing=args.label_smoothing or 0.0)
+    return getattr(et, LOSSES[args.loss])()
+
+
+def _make_optimizer(args: argparse.Namespace):
+    import edgetrain as et
+
+    lr = DEFAULT_LR[args.optimizer] if args.lr is None else args.lr
+    clip = {"clip_grad_norm": args.clip_grad_norm} if args.clip_grad_norm is not None else {}
+    if args.optimizer == "sgd":
+        momentum = 0.9 if args.momentum is None else args.momentum
+        return et.SGD(
+            lr=lr, momentum=momentum, weight_decay=args.weight_decay or 0.0, nesterov=args.nesterov, **clip
+        )
+    for flag, value in (("--momentum", args.momentum), ("--nesterov", args.nesterov or None)):
+        if value is not None:
+            raise UsageError(f"{flag} applies to --optimizer sgd only (Adam and AdamW have betas instead)")
+    cls = et.Adam if args.optimizer == "adam" else et.AdamW
+    wd = args.weight_decay if args.weight_decay is not None else (0.01 if args.optimizer == "adamw" else 0.0)
+    return cls(lr=lr, weight_decay=wd, **clip)
+
+
+def _config_text(cfg: dict[str, Any]) -> str:
+    """SGD (lr 0.01, momentum 0.9): the settings that are on (None and False ones left out)."""
+    shown = {k: v for k, v in cfg.items() if k != "type" and v is not None and v is not False}
+    rest = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in shown.items())
+    return f"{cfg.get('type', '?')} ({rest})" if rest else str(cfg.get("type", "?"))
+
+
+def run_convert(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    import edgetrain as et
+
+    from ..container import inspect_container
+
+    if not os.path.isfile(args.model):
+        raise EdgeTrainError(f"{args.model}: no such file (convert takes an ONNX inference model)")
+    loss, optimizer = _make_loss(args), _make_optimizer(args)
+    out = args.output or os.path.splitext(args.model)[0] + ".etrain"
+    if sys.stderr.isatty():  # a status line while it works (seconds for large models); logs get the summary
+        print(
+            f"converting {args.model}: import, loss, gradients, optimizer, memory plan ...", file=sys.stderr
+        )
+    t0 = time.perf_counter()
+    options = dict(loss=loss, optimizer=optimizer, trainable=args.trainable, output=args.model_output)
+    fallback = None
+    try:
+        art = et.convert(args.model, batch_size=args.batch_size or 32, **options)
+    except RebatchError as e:
+        if args.batch_size is not None:
+            raise
+        # --batch-size was not given: a model whose fixed batch cannot be moved trains at that batch
+        art = et.convert(args.model, batch_size=None, **options)
+        fallback = f"kept the model's fixed batch: {e}"
+    size = art.save(out)
+    seconds = time.perf_counter() - t0
+    plan = inspect_container(out)["header"].get("plan", {})  # the header alone: no second read of the tensors
+    n_train = sum(int(art.initial[p].size) for p in art.parameters)
+    frozen = art.frozen
+    n_frozen = sum(int(np.prod(art.roles.entries[p].shape)) for p in frozen)  # folded ones too
+    batch = art.graph.values[art.data_inputs[0]].shape[0]
+    backward = len(art.graph.nodes) - len(art.inference.nodes)
+    print(f"converted {args.model} -> {out} ({mb(size)}) in {duration(seconds)}")
+    for line in art.notes + ([fallback] if fallback else []):
+        print(f"  {line}")
+    print(f"  loss        {_config_text(art.loss_config)}")
+    print(f"  optimizer   {_config_text(art.optimizer_config)}")
+    print(f"  batch       {batch}")
+    print(
+        f"  parameters  {len(art.parameters)} trainable ({n_train:,} values), "
+        f"{len(frozen)} frozen ({n_frozen:,} values)"
+    )
+    print(
+        f"  program     {plural(len(art.inference.nodes), 'forward node')}, "
+        f"{plural(backward, 'loss, gradient and update node')}; "
+        f"memory plan {mb(plan.get('arena_size', 0))} (lower bound {mb(plan.get('lower_bound', 0))})"
+    )
+    if args.emit_onnx:
+        from ..container import atomic_write
+
+        model = art.training_onnx()
+        atomic_write(args.emit_onnx, model.SerializeToString())
+        print(f"  step ONNX   {args.emit_onnx} (one training step in standard ONNX; onnxruntime runs it)")
+    print(f"next: edgetrain train {out} --data DATA --epochs 5")
+    return 0
+
+
+def run_check(args: argparse.Namespace) -> int:
+    from ..check import check
+
+    report = check(args.model, batch_size=args.batch_size)
+    print(report.text())
+    return 0 if report.derivable else 1
+
+
+def run_inspect(args: argparse.Namespace) -> int:
+    from ..describe import describe
+
+    print(describe(args.file))
+    return 0
+
+
+def run_export(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    sess = open_session(args.artifact)
+    which = load_weights(sess, args.checkpoint, args.artifact)
+    sess.export_onnx(args.output)
+    print(f"exported {args.output} ({mb(os.path.getsize(args.output))}) from {which}")
+    if args.no_check:
+        return 0
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        print("  not checked: onnxruntime is not installed (pip install onnxruntime)")
+        return 0
+    ort_sess = ort.InferenceSession(args.output, providers=["CPUExecutionProvider"])
+    x = _random_batch(ort_sess.get_inputs()[0], sess)
+    got = ort_sess.run(None, {ort_sess.get_inputs()[0].name: x})[0]
+    ref = sess.run(x)
+    diff = float(np.max(np.abs(got - ref)))
+    scale = float(np.max(np.abs(ref))) or 1.0
+    ok = diff <= 1e-4 * scale + 1e-5
+    print(
+        f"  checked with onnxruntime on a random batch: largest difference {diff:.1e} "
+        f"({'matches' if ok else 'DOES NOT MATCH'} edgetrain)"
+    )
+    return 0 if ok else 1
+
+
+def _random_batch(arg, sess):
+    """A random batch the exported model accepts: of its own fixed batch, or 2 for a symbolic one; token ids are
+    0 (a valid index whatever the vocabulary)."""
+    import numpy as np
+
+    info = sess.artifact.program.values[sess.artifact.io["data_inputs"][0]]
+    batch = arg.shape[0] if arg.shape and isinstance(arg.shape[0], int) else 2
+    shape = (batch, *info.shape[1:])
+    if np.dtype(info.dtype).kind != "f":
+        return np.zeros(shape, info.dtype)
+    return np.random.default_rng(0).random(shape).astype(info.dtype)
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    from .. import demo
+
+    if args.epochs < 1:
+        raise UsageError(f"--epochs must be a positive integer, got {args.epochs}")
+    result = demo.run_demo(args.out, epochs=args.epochs, plot=not args.no_plot)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            f.write(result.to_json() + "\n")
+    return 0

@@ -1,0 +1,348 @@
+"""The device-side commands train and eval (numpy, loaders and the runtime only): the user's data fitted to the
+model's input, learning-rate schedules from their command-line text, a run's options recorded in its checkpoint
+and restored by --resume, --init-from, and the summaries a person reads."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Any
+
+from ..errors import EdgeTrainError
+from ..progress import TrainProgress, duration, epoch_line, percent
+from .common import UsageError, default_checkpoint, load_weights, open_session, plural
+
+
+def _data_options(args: argparse.Namespace):
+    from ..feeding import parse_options
+
+    try:
+        return parse_options(args.layout, args.scale, args.normalize)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def _feed(path: str, split: str, session, args: argparse.Namespace):
+    from ..feeding import open_feed
+
+    feed = open_feed(path, split, session, _data_options(args))
+    for notice in feed.notices:
+        print(f"note: {notice}", file=sys.stderr)
+    return feed
+
+
+def _loaders(args: argparse.Namespace, session, batch: int):
+    from loaders import DataLoader, split
+
+    feed = _feed(args.data, "train", session, args)
+    view, transform = feed.view, feed.transform
+    val_view = None
+    if args.val_data is not None:
+        val_feed = _feed(args.val_data, "test", session, args)
+        val_view, vtransform = val_feed.view, val_feed.transform
+    elif args.val_split:
+        view, val_view = split(view, (1 - args.val_split, args.val_split), seed=args.seed)
+        vtransform = transform
+    n = view.size()
+    if n < batch:
+        raise EdgeTrainError(
+            f"{args.data}: {n} training samples make no batch of {batch} (the artifact's batch size); "
+            f"convert with --batch-size {n} or less"
+        )
+    train = DataLoader(
+        view,
+        batch,
+        shuffle=not args.no_shuffle,
+        seed=args.seed,
+        drop_last=n % batch != 0,
+        batch_transform=transform,
+    )
+    val = None if val_view is None else DataLoader(val_view, batch, batch_transform=vtransform)
+    return train, val
+
+
+def _schedule(text: str | None, warmup: int, total_steps: int):
+    import edgetrain as et
+
+    kind, _, rest = (text or "constant").partition(":")
+    values = [v for v in rest.split(":") if v] if rest else []
+    try:
+        nums = [float(v) for v in values]
+    except ValueError:
+        raise UsageError(f"--lr-schedule {text}: the values after ':' must be numbers") from None
+    if kind == "constant" and not nums:
+        schedule = et.ConstantLR()
+    elif kind == "step" and 1 <= len(nums) <= 2 and nums[0] == int(nums[0]) and nums[0] >= 1:
+        schedule = et.StepLR(int(nums[0]), *nums[1:])
+    elif kind == "cosine" and len(nums) <= 1:
+        schedule = et.CosineLR(total_steps, *nums)
+    else:
+        raise UsageError(
+            f"--lr-schedule {text}: use constant, step:STEPS[:GAMMA] (e.g. step:100:0.5) or cosine[:MIN_LR]"
+        )
+    return et.WarmupLR(schedule, warmup) if warmup else schedule
+
+
+def _schedule_text(cfg: dict[str, Any]) -> str:
+    kind = cfg.get("type")
+    if kind == "StepLR":
+        return f"times {cfg['gamma']:g} every {cfg['step_size']} steps"
+    if kind == "CosineLR":
+        return f"cosine decay to {cfg['min_lr']:g} over {cfg['total_steps']} steps"
+    if kind == "WarmupLR":
+        return f"linear warm-up over {cfg['warmup_steps']} steps, then {_schedule_text(cfg['schedule'])}"
+    return "constant"
+
+
+RECORDED = {
+    "epochs": 1,
+    "lr": None,
+    "lr_schedule": None,
+    "warmup": 0,
+    "seed": 0,
+    "val_split": None,
+    "val_data": None,
+    "early_stopping": None,
+    "no_shuffle": False,
+    "layout": None,
+    "scale": None,
+    "normalize": None,
+    "checkpoint_every": None,
+}
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def _same_option(dest: str, given: Any, recorded: Any) -> bool:
+    """Whether a repeated option says what the run recorded (values, not spellings: 1/255 is 0.00392...)."""
+    import numpy as np
+
+    from loaders import parse_normalize, parse_scale
+
+    parse = {"scale": parse_scale, "normalize": parse_normalize}.get(dest)
+    if parse is None or given is None or recorded is None:
+        return given == recorded
+    try:
+        return bool(np.allclose(np.ravel(parse(given)), np.ravel(parse(recorded)), rtol=1e-12, atol=0))
+    except ValueError:
+        return False
+
+
+def _restore_options(args: argparse.Namespace, checkpoint: str) -> dict[str, Any]:
+    """On --resume: the run's recorded options fill the ones not given, and a given one that contradicts the run is
+    a usage error (--epochs excepted: a run can be made longer). Returns the checkpoint's trainer settings."""
+    from ..container import inspect_container
+
+    state = inspect_container(checkpoint)["header"].get("user_state", {})
+    if state.get("trainer") != 1:
+        raise EdgeTrainError(
+            f"--resume: {checkpoint} was not written by `edgetrain train`; it holds no run to continue"
+        )
+    recorded = state.get("run_options") or {}
+    for dest, value in recorded.items():
+        given = getattr(args, dest, None)
+        if dest not in RECORDED or dest == "epochs":
+            continue
+        if given is not None and not _same_option(dest, given, value):
+            was = (
+                "not set"
+                if value in (None, False)
+                else f"{_flag(dest)} {value}"
+                if value is not True
+                else "set"
+            )
+            raise UsageError(
+                f"{_flag(dest)} {given if given is not True else ''}".rstrip()
+                + f" conflicts with the run in {checkpoint} ({was} there): leave it out to continue that run as "
+                f"it was, or start a new run from its weights with --init-from {checkpoint}"
+            )
+        setattr(args, dest, value)
+    if args.epochs is None:
+        args.epochs = recorded.get("epochs")
+    return {**(state.get("settings") or {}), "step": state.get("step", 0), "epoch": state.get("epoch", 0)}
+
+
+def run_train(args: argparse.Namespace) -> int:
+    import edgetrain as et
+
+    from ..trainer import schedule_from_config, session_batch
+
+    checkpoint = args.checkpoint or default_checkpoint(args.artifact)
+    if args.resume and args.init_from:
+        raise UsageError("--resume continues a run, --init-from starts a new one from a checkpoint: give one")
+    if args.resume and not os.path.exists(checkpoint):
+        raise EdgeTrainError(f"--resume: there is no checkpoint at {checkpoint} to continue from")
+    replaces_own_start = args.init_from and os.path.abspath(args.init_from) == os.path.abspath(checkpoint)
+    if os.path.exists(checkpoint) and not (args.resume or args.overwrite or replaces_own_start):
+        raise UsageError(
+            f"checkpoint {checkpoint} exists: --resume to continue that run, --init-from {checkpoint} to start a "
+            f"new run from its weights, --overwrite to start over, or --checkpoint NEW.etck"
+        )
+    settings = _restore_options(args, checkpoint) if args.resume else {}
+    for dest, default in RECORDED.items():
+        if getattr(args, dest) is None:
+            setattr(args, dest, default)
+    _check_train_options(args)
+    sess = open_session(args.artifact)
+    if args.init_from:
+        sess.load_checkpoint(args.init_from)
+        print(
+            f"starting a new run from the weights of {args.init_from} (step {sess.step} of its run)",
+            file=sys.stderr,
+        )
+        sess.lr = float(sess.artifact.header["optimizer"].get("lr", sess.lr))
+    if args.lr is not None:
+        sess.lr = args.lr
+    batch = session_batch(sess) or 32
+    train, val = _loaders(args, sess, batch)
+    classification = sess.num_classes is not None
+    if args.early_stopping and val is None:
+        raise UsageError("--early-stopping needs validation data: --val-data PATH or --val-split F")
+    total = args.epochs * len(train)
+    if settings.get("schedule"):  # a resumed run keeps its schedule exactly (a cosine keeps its length)
+        schedule = schedule_from_config(settings["schedule"])
+        _check_schedule_covers(schedule, total, int(settings.get("step", 0)), checkpoint)
+    else:
+        schedule = _schedule(args.lr_schedule, args.warmup, total)
+    resumed_steps = int(settings.get("step", 0))
+    bar = TrainProgress(total, batch, done_steps=resumed_steps)
+    trainer = et.Trainer(
+        sess,
+        train,
+        val_loader=val,
+        epochs=args.epochs,
+        schedule=schedule,
+        checkpoint=checkpoint,
+        checkpoint_every=args.checkpoint_every,
+        early_stopping=(
+            {"metric": "val_accuracy" if classification else "val_loss", "patience": args.early_stopping}
+            if args.early_stopping
+            else None
+        ),
+        history=args.log,
+        progress=bar,
+        classification=classification,
+        run_options={dest: getattr(args, dest) for dest in RECORDED} | {"data": args.data},
+    )
+    n_train, n_val = train.view.size(), (val.view.size() if val is not None else 0)
+    print(
+        f"training {args.artifact} on {args.data}: {n_train:,} samples"
+        + (f", {n_val:,} for validation" if val is not None else "")
+        + f"; batch {batch}, {plural(len(train), 'step')} per epoch",
+        file=sys.stderr,
+    )
+    if args.resume:
+        print(
+            f"resuming from {checkpoint}: {settings.get('epoch', '?')} epoch(s), {resumed_steps} steps done; "
+            f"base lr {trainer.base_lr:g}, "
+            f"{_schedule_text(schedule.config())}",
+            file=sys.stderr,
+        )
+    else:
+        print(f"base lr {sess.lr:g}, {_schedule_text(schedule.config())}", file=sys.stderr)
+    t0 = time.perf_counter()
+    result = trainer.fit(resume=args.resume)
+    bar.close()
+    seconds = time.perf_counter() - t0
+    _train_summary(args, result, seconds, batch, checkpoint, bar)
+    nonfinite = result.stopped_early and result.stop_reason.startswith("non-finite")
+    return 1 if nonfinite else 0
+
+
+def _check_schedule_covers(schedule, total: int, done: int, checkpoint: str) -> None:
+    """A resumed run made longer than its schedule: refused when the steps past its end would train at lr 0."""
+    cfg = schedule.config()
+    inner = cfg.get("schedule", cfg) if cfg.get("type") == "WarmupLR" else cfg
+    if inner.get("type") != "CosineLR" or total <= inner["total_steps"] or inner["min_lr"] > 0:
+        return
+    raise UsageError(
+        f"the run in {checkpoint} decays its learning rate to 0 over {inner['total_steps']} steps (cosine), so the "
+        f"{total - max(inner['total_steps'], done)} steps more that --epochs asks for would not train at all; "
+        f"start a new run from its weights instead: --init-from {checkpoint} --lr-schedule cosine"
+    )
+
+
+def _check_train_options(args: argparse.Namespace) -> None:
+    if args.val_data is not None and args.val_split is not None:
+        raise UsageError("give --val-data or --val-split, not both")
+    if args.val_split is not None and not 0 < args.val_split < 1:
+        raise UsageError(f"--val-split must lie between 0 and 1, got {args.val_split}")
+    for flag in ("epochs", "checkpoint_every", "early_stopping"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise UsageError(f"--{flag.replace('_', '-')} must be a positive integer, got {value}")
+    if args.warmup < 0:
+        raise UsageError(f"--warmup must be 0 or more steps, got {args.warmup}")
+
+
+def _train_summary(args, result, seconds: float, batch: int, checkpoint: str, bar: TrainProgress) -> None:
+    done = result.steps - bar.start_step if bar.last else 0
+    rate = done * batch / seconds if seconds > 0 else 0.0
+    head = f"trained {result.epochs} epoch(s), {result.steps} steps"
+    if bar.last:
+        head += f"; this run: {done} steps in {duration(seconds)} ({rate:,.0f} samples/s)"
+    print(head)
+    if result.history:
+        last = result.history[-1]
+        print("  last  " + epoch_line(last).strip())
+        if result.best is not None and result.metric.startswith("val"):
+            best = percent(result.best) if result.metric == "val_accuracy" else f"{result.best:.4f}"
+            print(f"  best  {result.metric.replace('_', ' ')} {best} at epoch {result.best_epoch}")
+    if result.stopped_early:
+        print(f"  stopped: {result.stop_reason}")
+    keep = checkpoint
+    if result.best_checkpoint is not None:
+        which = "the best" if result.kept == "best" else "the last, which are the best"
+        print(f"  kept        {which} weights (epoch {result.best_epoch}): {result.best_checkpoint}")
+        print(f"  checkpoint  {checkpoint} (the last weights, for --resume)")
+        keep = result.best_checkpoint
+    else:
+        print(f"  checkpoint  {checkpoint}")
+    if args.log:
+        print(f"  history     {args.log} (JSON lines)")
+    print(f"next: edgetrain eval {args.artifact} --data DATA --checkpoint {keep}")
+    print(f"      edgetrain export {args.artifact} --checkpoint {keep} -o personalized.onnx")
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from loaders import DataLoader
+
+    from ..trainer import evaluate, session_batch
+
+    sess = open_session(args.artifact)
+    which = load_weights(sess, args.checkpoint, args.artifact)
+    feed = _feed(args.data, args.split, sess, args)
+    view = feed.view
+    batch = session_batch(sess) or 32
+    loader = DataLoader(view, batch, batch_transform=feed.transform)
+    classes = sess.num_classes
+    outputs, targets = [], []
+
+    def keep(out, y):
+        outputs.append(np.argmax(out, axis=1))
+        targets.append(np.asarray(y).reshape(-1))
+
+    t0 = time.perf_counter()
+    loss, acc = evaluate(sess, loader, classification=classes is not None, on_batch=keep if classes else None)
+    seconds = time.perf_counter() - t0
+    n = view.size()
+    print(f"evaluated {args.artifact} on {args.data}: {n:,} samples in {duration(seconds)}")
+    print(f"  parameters  {which}")
+    print(f"  loss        {loss:.4f} (mean per sample)")
+    if acc is not None:
+        print(f"  accuracy    {percent(acc)} ({int(round(acc * n)):,} of {n:,})")
+        if classes <= 20:
+            preds, labels = np.concatenate(outputs), np.concatenate(targets)
+            per = [
+                f"{k}: {percent(float(np.mean(preds[labels == k] == k)))}"
+                for k in range(classes)
+                if np.any(labels == k)
+            ]
+            print("  per class   " + "  ".join(per))
+    return 0
