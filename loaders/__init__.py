@@ -12,6 +12,7 @@ from .files import CsvDataView, NpzDataView
 from .loader import DataLoader
 from .mnist import MnistDataView, read_idx
 from .preprocess import Preprocess, parse_normalize, parse_scale
+from .store import SampleStore, StoreView, split_score
 from .views import ArrayDataView, IDataView, SubsetView, check_labels, split
 
 __all__ = [
@@ -24,6 +25,8 @@ __all__ = [
     "NpzDataView",
     "Preprocess",
     "SampleAdapter",
+    "SampleStore",
+    "StoreView",
     "SubsetView",
     "adapt_samples",
     "check_labels",
@@ -33,4 +36,5 @@ __all__ = [
     "parse_scale",
     "read_idx",
     "split",
+    "split_score",
 ]

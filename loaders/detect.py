@@ -94,6 +94,7 @@ def open_data(path, **kwargs) -> IDataView:
     - a directory of MNIST idx files (split="train" or "test"), or a (images, labels) pair of idx files, or one
       idx file whose partner sits next to it under the MNIST names -> MnistDataView
     - a zip archive (.npz) -> NpzDataView;  a numeric CSV/TSV table, raw or gzip -> CsvDataView
+    - an SQLite sample store (the phone app's samples.sqlite) -> SampleStore
     Other keyword arguments go to the view (num_classes=, x_key=, label_column=, normalize=, ...).
     """
     if isinstance(path, (tuple, list)):
@@ -109,6 +110,12 @@ def open_data(path, **kwargs) -> IDataView:
     if not os.path.isfile(path):
         raise DataError(f"{path}: no such file or directory", path)
     head, compressed = _head(path)
+    if (
+        head[:16] == b"SQLite format 3\x00" and not compressed
+    ):  # the app's sample store (or a foreign database,
+        from .store import SampleStore  # which SampleStore refuses, naming it)
+
+        return SampleStore(path, create=False, **kwargs)
     if head[:4] in (b"PK\x03\x04", b"PK\x05\x06") and not compressed:
         return NpzDataView(path, **kwargs)
     parsed = idx_header(head)

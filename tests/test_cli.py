@@ -237,7 +237,9 @@ def test_non_finite_loss_exits_1_and_writes_no_checkpoint(work):
     proc = cli("train", art, "--data", work / "train.npz", "--epochs", 2, "--lr", 1e30)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     out = proc.stdout + proc.stderr
-    assert "non-finite update of" in out and "nothing of that step was committed" in out  # lr 1e30: the 1st step
+    assert (
+        "non-finite update of" in out and "nothing of that step was committed" in out
+    )  # lr 1e30: the 1st step
     assert not (work / "mlp.etck").exists()
 
 

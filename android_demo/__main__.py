@@ -1,0 +1,209 @@
+"""`python -m android_demo --home DIR COMMAND`: the app's command line -> exit code (0 success, 1 a failure told in
+one line, 2 a usage error). The thread count is set before numpy is imported, as BLAS reads it only then."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m android_demo",
+        description="On-device personalization: collect the user's samples, train in short bursts that are kept "
+        "only when they help, serve a page for the phone's browser.",
+    )
+    p.add_argument(
+        "--home", help="the app's folder: samples, model, versions, log (all commands but simulate)"
+    )
+    p.add_argument("--threads", type=int, help="threads for numpy's BLAS (default: the home's setting, 1)")
+    p.add_argument("--debug", action="store_true", help="show the traceback on errors")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    c = sub.add_parser(
+        "init", help="set up a home from an artifact built on a workstation (edgetrain convert)"
+    )
+    c.add_argument("--artifact", required=True, help="a training artifact (.etrain)")
+    c.add_argument("--policy", choices=["always", "charging", "charging-idle"], help="when bursts may run")
+    c.add_argument("--max-steps", type=int, help="steps per burst at most (default 30)")
+    c.add_argument("--max-seconds", type=float, help="seconds per burst at most (default 5)")
+
+    c = sub.add_parser("add", help="add labelled samples from a file (MNIST idx, .npz, CSV)")
+    c.add_argument("--data", required=True, help="anything loaders.open_data reads")
+    c.add_argument(
+        "--layout", choices=["nchw", "nhwc"], help="the data's image layout (default: from the shapes)"
+    )
+
+    c = sub.add_parser("personalize", help="one burst: train, validate, keep or roll back")
+    c.add_argument("--max-steps", type=int, help="steps at most (default: the home's setting)")
+    c.add_argument("--max-seconds", type=float, help="seconds at most (default: the home's setting)")
+    c.add_argument("--lr", type=float, help="learning rate (default: the artifact's)")
+    c.add_argument("--batch-size", type=int, help="samples per step (default and most: the artifact's batch)")
+    c.add_argument("--force", action="store_true", help="run even when the policy says not now")
+    c.add_argument("--json", action="store_true", help="print one JSON line")
+
+    c = sub.add_parser("evaluate", help="accuracy and loss of the current model on a data file")
+    c.add_argument("--data", required=True)
+    c.add_argument("--layout", choices=["nchw", "nhwc"])
+    c.add_argument("--json", action="store_true")
+
+    c = sub.add_parser("status", help="samples, model version, last bursts, policy")
+    c.add_argument("--json", action="store_true")
+
+    c = sub.add_parser("serve", help="the page for the phone's browser, on 127.0.0.1")
+    c.add_argument("--port", type=int, default=8765, help="default 8765 (0: any free port)")
+
+    c = sub.add_parser("simulate", help="the whole story on a desktop with the embedded data")
+    c.add_argument("--every", type=int, default=10, help="a burst every N samples (default 10)")
+    c.add_argument("--steps", type=int, default=25, help="steps per burst at most (default 25)")
+    c.add_argument("--quick", action="store_true", help="a short run (20 samples, two bursts of 5 steps)")
+    c.add_argument("--json", action="store_true", help="print one JSON line instead of the table")
+    return p
+
+
+def _threads(args: argparse.Namespace) -> None:
+    n = args.threads
+    if n is None and args.home:
+        try:  # the home's setting, read without numpy
+            with open(os.path.join(args.home, "settings.json"), encoding="utf-8") as f:
+                n = json.load(f).get("threads")
+        except (OSError, ValueError):
+            n = None
+    if n is not None:
+        if n < 1:
+            raise SystemExit(f"android_demo: error: --threads must be at least 1, got {n}")
+        for var in THREAD_VARIABLES:
+            os.environ[var] = str(n)
+
+
+def run(args: argparse.Namespace) -> int:
+    from .app import Home
+
+    if args.command == "simulate":
+        from .simulate import simulate
+
+        result = simulate(
+            home=args.home,
+            every=args.every,
+            steps=args.steps,
+            quick=args.quick,
+            out=None if args.json else sys.stdout,
+        )
+        if args.json:
+            print(json.dumps(result, allow_nan=False))
+        return 0
+    if not args.home:
+        raise UsageError(f"{args.command} needs --home DIR (the app's folder)")
+    if args.command == "init":
+        home = Home.init(
+            args.home,
+            args.artifact,
+            policy=args.policy,
+            max_steps=args.max_steps,
+            max_seconds=args.max_seconds,
+            threads=args.threads,
+        )
+        print(f"set up {home.path}: model {os.path.basename(args.artifact)}, version 0, no samples yet")
+        print(f"next: python -m android_demo --home {args.home} add --data PATH   (or serve)")
+        return 0
+    home = Home(args.home)
+    if args.command == "add":
+        n, notices = home.add_data(args.data, layout=args.layout)
+        for note in notices:
+            print(f"note: {note}", file=sys.stderr)
+        print(f"added {n:,} samples; the store holds {home.status()['samples']:,}")
+    elif args.command == "personalize":
+        r = home.personalize(
+            max_steps=args.max_steps,
+            max_seconds=args.max_seconds,
+            lr=args.lr,
+            batch_size=args.batch_size,
+            force=args.force,
+        )
+        if args.json:
+            keys = ("kept", "steps", "val_accuracy_before", "val_accuracy_after", "model_version", "seconds")
+            print(json.dumps({k: getattr(r, k) for k in keys} | {"reason": r.reason}, allow_nan=False))
+        else:
+            print(_burst_text(r))
+    elif args.command == "evaluate":
+        result = home.evaluate_data(args.data, layout=args.layout)
+        if args.json:
+            print(json.dumps(result, allow_nan=False))
+        else:
+            acc = "-" if result["accuracy"] is None else f"{result['accuracy']:.1%}"
+            print(
+                f"version {home.version}: accuracy {acc}, loss {result['loss']:.4f} on {result['samples']:,} samples"
+            )
+    elif args.command == "status":
+        st = home.status()
+        print(json.dumps(st, allow_nan=False) if args.json else _status_text(st))
+    elif args.command == "serve":
+        from .server import serve
+
+        serve(home, port=args.port)
+    return 0
+
+
+def _burst_text(r) -> str:
+    if not r.steps:
+        return f"no burst: {r.reason}"
+    acc = (
+        f"validation accuracy {r.val_accuracy_before:.1%} -> {r.val_accuracy_after:.1%}"
+        if r.val_accuracy_after is not None
+        else f"validation loss {r.val_loss_before} -> {r.val_loss_after}"
+    )
+    verdict = (
+        f"kept as version {r.model_version}" if r.kept else f"rolled back (version {r.model_version} stays)"
+    )
+    return f"{r.steps} steps in {r.seconds:.2f} s; {acc}; {verdict}\n  {r.reason}"
+
+
+def _status_text(st: dict) -> str:
+    lines = [
+        f"home        {st['home']}",
+        f"samples     {st['samples']:,} ({st['train_samples']:,} for training, {st['val_samples']:,} for validation)",
+        f"model       version {st['model_version']} ({st['kept']} of {st['bursts']} bursts kept)",
+        f"policy      {st['policy']}",
+    ]
+    for b in st["last_bursts"]:
+        lines.append(f"  burst: {'kept' if b['kept'] else 'not kept'}, {b['steps']} steps; {b['reason']}")
+    return "\n".join(lines)
+
+
+class UsageError(Exception):
+    pass
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _threads(args)
+    try:
+        return run(args)
+    except UsageError as e:
+        parser.print_usage(sys.stderr)
+        print(f"android_demo: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("android_demo: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # one clear line; --debug shows the traceback
+        if args.debug:
+            raise
+        from edgetrain.errors import EdgeTrainError
+        from loaders import DataError
+
+        text = (
+            str(e) if isinstance(e, (EdgeTrainError, DataError, ValueError)) else f"{type(e).__name__}: {e}"
+        )
+        print(f"android_demo {args.command}: error: {text}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
