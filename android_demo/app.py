@@ -131,11 +131,21 @@ class Home:
         return home
 
     def update_settings(self, **changes: Any) -> dict[str, Any]:
+        """Changes settings (None leaves one as it is; reset_settings puts one back to its default)."""
         unknown = set(changes) - set(DEFAULTS)
         if unknown:
             raise AppError(f"unknown settings {sorted(unknown)}; known: {', '.join(DEFAULTS)}")
         with self._lock:
             self.settings.update({k: v for k, v in changes.items() if v is not None})
+            atomic_write(os.path.join(self.path, SETTINGS), json.dumps(self.settings, indent=2).encode())
+        return dict(self.settings)
+
+    def reset_settings(self, *names: str) -> dict[str, Any]:
+        unknown = set(names) - set(DEFAULTS)
+        if unknown:
+            raise AppError(f"unknown settings {sorted(unknown)}; known: {', '.join(DEFAULTS)}")
+        with self._lock:
+            self.settings.update({k: DEFAULTS[k] for k in names})
             atomic_write(os.path.join(self.path, SETTINGS), json.dumps(self.settings, indent=2).encode())
         return dict(self.settings)
 
@@ -205,17 +215,31 @@ class Home:
         name = sess.artifact.io["data_inputs"][0]
         return tuple(int(d) for d in sess.artifact.program.values[name].shape[1:])
 
-    def predict(self, x: np.ndarray) -> np.ndarray:
-        """The current model's output for samples [N, ...] (class probabilities for a classifier)."""
-        sess = self._inference()
+    @property
+    def num_classes(self) -> int | None:
+        """The model's classes (None for a regression model)."""
+        return self._inference().num_classes
+
+    def predict(self, x: np.ndarray, *, with_version: bool = False):
+        """The current model's output for samples [N, ...] (class probabilities for a classifier); with_version:
+        (output, the version that computed it), read together so that a burst ending meanwhile cannot mislabel it."""
         with self._cache_lock:  # one interpreter: its buffers serve one run at a time
+            v = self.version
+            if self._session_cache is None or self._session_cache[0] != v:
+                self._session_cache = (v, self.session())
+            sess = self._session_cache[1]
             out = np.asarray(sess.run(np.asarray(x)), np.float64)
         if sess.num_classes is not None and not np.allclose(out.sum(axis=1), 1.0, atol=1e-3):
             out = np.exp(out - out.max(axis=1, keepdims=True))
             out /= out.sum(axis=1, keepdims=True)
-        return out
+        return (out, v) if with_version else out
 
     # ---- samples -------------------------------------------------------------------------------------------------
+    def sample_count(self) -> int:
+        """How many samples the store holds now."""
+        with self.store() as s:
+            return len(s.ids())
+
     def add(self, x: Any, y: Any) -> int:
         """Adds one labelled sample in the model's input form; returns its id once it is committed."""
         sess = self._inference()
