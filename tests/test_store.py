@@ -582,13 +582,29 @@ def kill_rounds(path: Path, kills: int, seed: int) -> dict:
         proc = child(
             CRASHER, str(path), str(r * 1_000_000), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
         )
-        time.sleep(rnd.uniform(0.05, 0.9))  # during start-up, the open, an add, a commit, a checkpoint
+        first = ""
+        if (
+            r % 2
+        ):  # every other round after its first acknowledgement: a slow (emulated) start must not eat all
+            while True:
+                line = proc.stdout.readline()
+                first += line
+                if not line or not line.startswith("adding"):
+                    break
+            time.sleep(rnd.uniform(0.0, 0.5))  # an add, a commit, a checkpoint
+        else:
+            time.sleep(rnd.uniform(0.05, 0.9))  # during start-up, the open, an add, a commit, a checkpoint
         proc.send_signal(signal.SIGKILL)
-        out, _ = proc.communicate(timeout=30)
+        out = (
+            first + proc.stdout.read()
+        )  # through the same buffered reader readline() used: nothing is skipped
+        proc.wait(timeout=30)
         assert proc.returncode == -signal.SIGKILL
         printed, in_flight = {}, []
         for line in out.split("\n")[:-1]:  # the last piece is "" or a line the kill cut
             words = line.split()
+            if not words:  # an acknowledgement of an empty batch
+                continue
             if words[0] == "adding":
                 in_flight = [int(w) for w in words[1:]]
             else:
