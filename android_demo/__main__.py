@@ -44,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--max-seconds", type=float, help="seconds at most (default: the home's setting)")
     c.add_argument("--lr", type=float, help="learning rate (default: the artifact's)")
     c.add_argument("--batch-size", type=int, help="samples per step (default and most: the artifact's batch)")
+    c.add_argument("--threads", type=int, dest="command_threads", help="threads for numpy's BLAS (as --threads)")
     c.add_argument("--force", action="store_true", help="run even when the policy says not now")
     c.add_argument("--json", action="store_true", help="print one JSON line")
 
@@ -63,11 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--steps", type=int, default=25, help="steps per burst at most (default 25)")
     c.add_argument("--quick", action="store_true", help="a short run (20 samples, two bursts of 5 steps)")
     c.add_argument("--json", action="store_true", help="print one JSON line instead of the table")
+    c.add_argument("--threads", type=int, dest="command_threads", help="threads for numpy's BLAS (as --threads)")
     return p
 
 
 def _threads(args: argparse.Namespace) -> None:
-    n = args.threads
+    n = getattr(args, "command_threads", None) or args.threads
     if n is None and args.home:
         try:  # the home's setting, read without numpy
             with open(os.path.join(args.home, "settings.json"), encoding="utf-8") as f:

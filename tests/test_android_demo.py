@@ -205,7 +205,7 @@ def test_the_command_line_end_to_end(tmp_path):
     assert app("init", "--artifact", ARTIFACT, home=home).returncode == 0
     proc = app("add", "--data", user, home=home)
     assert proc.returncode == 0 and "added 50 samples" in proc.stdout, proc.stderr
-    proc = app("personalize", "--json", "--max-steps", 12, "--max-seconds", 60, home=home)
+    proc = app("personalize", "--json", "--max-steps", 12, "--max-seconds", 60, "--threads", 2, home=home)
     assert proc.returncode == 0, proc.stderr
     r = json.loads(proc.stdout)
     for key in ("kept", "steps", "val_accuracy_before", "val_accuracy_after", "model_version", "seconds"):
@@ -248,7 +248,8 @@ def test_the_embedded_artifact_is_up_to_date():
 DEVICE = """
 import json, sys, tempfile
 import numpy as np
-import android_demo.app, android_demo.policy, android_demo.simulate, android_demo.__main__  # the whole device side
+import android_demo.app, android_demo.policy, android_demo.simulate, android_demo.server  # the whole device side
+import android_demo.__main__
 import edgetrain.runtime, edgetrain.trainer, edgetrain.feeding, loaders
 from android_demo.simulate import simulate
 r = simulate(quick=True, out=None)
