@@ -1,6 +1,6 @@
 """The `edgetrain` command line: argv -> exit code (0 success, 1 failure with one clear line, 2 usage error).
 
-    edgetrain convert | check | inspect | train | eval | export | demo
+    edgetrain convert | check | inspect | train | eval | export | federate | demo
     convert-inference-model  (the same as `edgetrain convert`)
 
 convert, check, export and demo need onnx (the build side, edgetrain.cli.build); train, eval and inspect run with
@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from ..errors import EdgeTrainError
 from .build import DEFAULT_LR, LOSSES, run_check, run_convert, run_demo, run_export, run_inspect
 from .common import UsageError
+from .federate import add_arguments as add_federate_arguments
+from .federate import run_federate
 from .train import run_eval, run_train
 
 
@@ -107,6 +109,14 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("-o", "--output", required=True, help="the ONNX file to write")
     x.add_argument("--no-check", action="store_true", help="skip the onnxruntime check")
     x.set_defaults(run=run_export, parser=x)
+
+    f = sub.add_parser(
+        "federate",
+        parents=[common],
+        help="federated training or personalization over K devices, on a real Flower deployment (127.0.0.1)",
+    )
+    add_federate_arguments(f)
+    f.set_defaults(run=run_federate, parser=f)
 
     d = sub.add_parser(
         "demo", parents=[common], help="personalize the embedded handwriting model (< 1 minute)"

@@ -1,0 +1,160 @@
+"""The Flower ClientApp: one device's round -> (its shared parameters by ONNX initializer name, its sample count, its
+metrics). Device side plus flwr: numpy, loaders, edgetrain's runtime; no onnx.
+
+Each round the device loads its artifact and its own checkpoint (its personal layers and optimizer state survive
+rounds there), takes the shared parameters the server sent, judges them on the part of its own data it holds out,
+trains locally for the epochs or steps asked, judges again, saves its checkpoint, and sends back only the shared
+parameters. What left the device is recorded in its home (sent.jsonl: round, names, samples; last_sent.npz: the
+arrays), so a person can audit it. A device whose artifact is not the server's, or that receives parameters its
+artifact does not have, refuses the round with an error reply, which the server counts and leaves out.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any
+
+import numpy as np
+from flwr.app import Context, Error, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from loaders import DataError, DataLoader, split
+
+from ..errors import EdgeTrainError, NonFiniteError
+from ..feeding import DataOptions, open_feed
+from ..runtime import TrainingSession
+from ..trainer import evaluate, session_batch
+from .common import CHECK_KEY, from_records, patterns, personal_names, readers_of, to_records
+
+app = ClientApp()
+REFUSED = 1  # Error code of a round this device refuses (another artifact, other parameters, unusable data)
+
+
+class RoundRefused(EdgeTrainError):
+    """A round this device cannot take part in; the reason goes back to the server."""
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    try:
+        content = run_round(msg.content, dict(context.node_config))
+    except (EdgeTrainError, DataError, ValueError, OSError) as e:  # the device's own faults: refuse, say why
+        return Message(Error(code=REFUSED, reason=_reason(context, e)), reply_to=msg)
+    return Message(content=content, reply_to=msg)
+
+
+def _reason(context: Context, e: Exception) -> str:
+    return f"client {context.node_config.get('partition-id', '?')}: {e}"
+
+
+def run_round(content: RecordDict, node: dict[str, Any]) -> RecordDict:
+    """One round on this device; RoundRefused (or a data or artifact error) when it cannot take part."""
+    cfg = dict(content["config"])
+    sess = TrainingSession(str(node["artifact"]))
+    home = str(node["home"])
+    os.makedirs(home, exist_ok=True)
+    if cfg.get(CHECK_KEY) != sess.artifact.program_id:
+        raise RoundRefused(
+            f"this device's artifact ({os.path.basename(str(node['artifact']))}) is not the model the server trains "
+            f"(another training program); refused"
+        )
+    own = os.path.join(home, "client.etck")
+    if os.path.exists(own):  # personal layers and optimizer state from the rounds before
+        sess.load_checkpoint(own)
+    personal = set(personal_names(sess.parameter_names, patterns(cfg.get("personal", "")), readers_of(sess)))
+    shared = [n for n in sess.parameter_names if n not in personal]
+    received = from_records(content["arrays"])
+    _check(received, shared, sess)
+    sess.set_parameters(received)
+    if cfg.get("lr", 0):
+        sess.lr = float(cfg["lr"])
+    rnd = int(cfg.get("server-round", 0))
+    pid = int(node.get("partition-id", 0))
+    train_view, val_view, transform = _data(sess, node, pid)
+    batch = session_batch(sess) or 32
+    classification = sess.num_classes is not None
+    val = DataLoader(val_view, batch, batch_transform=transform)
+    before = evaluate(sess, val, classification=classification)
+    loader = DataLoader(
+        train_view, batch, shuffle=True, seed=1000 * pid + rnd, drop_last=True, batch_transform=transform
+    )
+    steps = int(cfg.get("local-steps", 0)) or int(cfg.get("local-epochs", 1)) * len(loader)
+    losses = []
+    try:
+        for _ in range(steps):
+            losses.append(sess.train_step(*loader.next()))
+    except NonFiniteError as e:
+        raise RoundRefused(f"local training diverged ({e}); nothing of it is sent") from e
+    after = evaluate(sess, val, classification=classification)
+    sess.save_checkpoint(own, user_state={"round": rnd, "partition_id": pid})
+    params = sess.parameters()
+    sent = {n: params[n] for n in shared}
+    _audit(home, rnd, sent, train_view.size())
+    metrics = {
+        "num-examples": int(train_view.size()),
+        "client": pid,
+        "steps": len(losses),
+        "train-loss": float(np.mean(losses)) if losses else 0.0,
+        "val-loss-before": _num(before[0]),
+        "val-loss-after": _num(after[0]),
+        "val-accuracy-before": _num(before[1]),
+        "val-accuracy-after": _num(after[1]),
+        "personal": len(personal),
+    }
+    return RecordDict({"arrays": to_records(sent), "metrics": MetricRecord(metrics)})
+
+
+def _num(v: float | None) -> float:
+    return -1.0 if v is None or not math.isfinite(v) else float(v)  # metric records hold numbers only
+
+
+def _check(received: dict[str, np.ndarray], shared: list[str], sess: TrainingSession) -> None:
+    """The server must send exactly this device's shared parameters, with their shapes."""
+    unknown = sorted(set(received) - set(shared))
+    missing = sorted(set(shared) - set(received))
+    if unknown or missing:
+        what = []
+        if unknown:
+            what.append(f"{len(unknown)} this artifact does not share (e.g. '{unknown[0]}')")
+        if missing:
+            what.append(f"none of {len(missing)} it does (e.g. '{missing[0]}')")
+        raise RoundRefused(
+            f"the server sent parameters that do not fit this device's model: {'; '.join(what)}"
+        )
+    have = sess.parameters()
+    for name, arr in received.items():
+        if arr.shape != have[name].shape:
+            raise RoundRefused(
+                f"parameter '{name}' arrived with shape {list(arr.shape)}; this device's model has "
+                f"{list(have[name].shape)}"
+            )
+
+
+def _data(sess: TrainingSession, node: dict[str, Any], pid: int):
+    """(training part, held-out part, batch transform) of the device's own data (a file or its SampleStore)."""
+    feed = open_feed(str(node["data"]), "train", sess, DataOptions())
+    share = float(node.get("val-fraction", 0.2))
+    view = feed.view
+    if view.size() < 2:
+        raise RoundRefused(
+            f"{node['data']}: {view.size()} sample(s); a device needs at least 2 to train and judge"
+        )
+    train_view, val_view = split(view, (1 - share, share), seed=pid)
+    batch = session_batch(sess) or 32
+    if train_view.size() < batch:
+        raise RoundRefused(
+            f"{node['data']}: {train_view.size()} training samples make no batch of {batch} (the artifact's batch)"
+        )
+    return train_view, val_view, feed.transform
+
+
+def _audit(home: str, rnd: int, sent: dict[str, np.ndarray], n: int) -> None:
+    """What left the device: the names and sample count, one JSON line a round, and the last arrays themselves."""
+    with open(os.path.join(home, "sent.jsonl"), "a", encoding="utf-8") as f:
+        f.write(json.dumps({"round": rnd, "names": sorted(sent), "num_examples": n}) + "\n")
+    tmp = os.path.join(home, ".last_sent.npz")
+    with open(tmp, "wb") as f:
+        np.savez(f, **{k.replace("/", "|"): v for k, v in sent.items()})
+    os.replace(tmp, os.path.join(home, "last_sent.npz"))

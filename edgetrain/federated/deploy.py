@@ -1,0 +1,229 @@
+"""A real Flower deployment on 127.0.0.1 (Flower's own processes; no simulation engine): one superlink and one
+supernode per device, each node's config in a TOML file, a private Flower home with telemetry and update checks
+off, free ports; `run` drives `flwr run APP loopback --stream`; leaving the `with` block stops every process it
+started (and their children), also on an error or Ctrl-C.
+
+    with Deployment(workdir, [{"partition-id": 0, "artifact": ..., "data": ..., "home": ...}, ...]) as d:
+        d.run(APP_DIR, {"artifact": ..., "rounds": 3, "out": ...}, on_line=print)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from ..errors import EdgeTrainError
+
+APP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "app")
+
+
+class FederationError(EdgeTrainError):
+    """A Flower process that would not start, a run that failed or timed out; says which and where its log is."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _toml(values: Mapping[str, Any]) -> str:
+    lines = []
+    for k, v in values.items():
+        if isinstance(v, bool):
+            text = "true" if v else "false"
+        elif isinstance(v, (int, float)):
+            text = repr(v)
+        else:
+            text = '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
+        lines.append(f"{k} = {text}")
+    return "\n".join(lines) + "\n"
+
+
+class Deployment:
+    """Flower's superlink and supernodes as processes of this one; see the module docstring."""
+
+    def __init__(self, workdir: str, nodes: Sequence[Mapping[str, Any]], *, start_timeout: float = 60.0):
+        self.workdir = os.path.abspath(workdir)
+        self.nodes = [dict(n) for n in nodes]
+        self.start_timeout = start_timeout
+        self.procs: list[tuple[str, subprocess.Popen]] = []
+        self.port = 0
+        self.env = self._environment()
+
+    def _environment(self) -> dict[str, str]:
+        home = os.path.join(self.workdir, "flower-home")
+        os.makedirs(home, exist_ok=True)
+        bin_dir = os.path.dirname(sys.executable)  # the nodes start flower-superexec by name
+        return {
+            **os.environ,
+            "FLWR_HOME": home,
+            "FLWR_TELEMETRY_ENABLED": "0",
+            "FLWR_DISABLE_UPDATE_CHECK": "1",
+            "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
+            "PYTHONUNBUFFERED": "1",
+        }
+
+    def _tool(self, name: str) -> str:
+        path = os.path.join(os.path.dirname(sys.executable), name)
+        if not os.path.exists(path):
+            raise FederationError(
+                f"Flower's `{name}` is not installed next to this Python ({sys.executable}): "
+                "pip install 'edgetrain[federated]'"
+            )
+        return path
+
+    def _start(self, label: str, args: list[str]) -> subprocess.Popen:
+        log = open(os.path.join(self.workdir, f"{label}.log"), "w")
+        proc = subprocess.Popen(
+            args, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.workdir, start_new_session=True
+        )
+        log.close()
+        self.procs.append((label, proc))
+        return proc
+
+    def __enter__(self) -> Deployment:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self.port = free_port()
+        with open(os.path.join(self.env["FLWR_HOME"], "config.toml"), "w") as f:
+            f.write(
+                '[superlink]\ndefault = "loopback"\n\n[superlink.loopback]\n'
+                f'address = "127.0.0.1:{self.port}"\ninsecure = true\n'
+            )
+        self._start(
+            "superlink",
+            [
+                self._tool("flower-superlink"),
+                "--insecure",
+                "--disable-runtime-dependency-installation",  # or it runs `uv sync` over the network
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--database",
+                os.path.join(self.workdir, "superlink.db"),
+            ],
+        )
+        self._wait_for_port(self.port, "superlink")
+        for k, node in enumerate(self.nodes):
+            config = os.path.join(self.workdir, f"node-{k}.toml")
+            with open(config, "w") as f:
+                f.write(_toml(node))
+            self._start(
+                f"supernode-{k}",
+                [
+                    self._tool("flower-supernode"),
+                    "--insecure",
+                    "--superlink",
+                    f"127.0.0.1:{self.port}",
+                    "--port",
+                    str(free_port()),
+                    "--node-config",
+                    config,
+                ],
+            )
+
+    def _wait_for_port(self, port: int, label: str) -> None:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < self.start_timeout:
+            proc = dict(self.procs)[label]
+            if proc.poll() is not None:
+                raise FederationError(f"Flower's {label} exited at start; see {self.workdir}/{label}.log")
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    return
+            time.sleep(0.2)
+        raise FederationError(
+            f"Flower's {label} did not listen on 127.0.0.1:{port} within {self.start_timeout:g} s"
+        )
+
+    def run(
+        self,
+        app_dir: str,
+        run_config: Mapping[str, Any],
+        *,
+        on_line: Callable[[str], None] | None = None,
+        timeout: float = 3600.0,
+    ) -> None:
+        """`flwr run APP loopback --stream` with the run config; returns when the run ends, FederationError when it
+        fails or times out (the nodes' logs are in the work folder)."""
+        config = os.path.join(self.workdir, "run.toml")
+        with open(config, "w") as f:
+            f.write(_toml(run_config))
+        proc = self._start_streaming(app_dir, config)
+        t0 = time.monotonic()
+        tail: list[str] = []
+        for line in proc.stdout:
+            tail = (tail + [line.rstrip()])[-20:]
+            with open(os.path.join(self.workdir, "run.log"), "a") as f:
+                f.write(line)
+            if on_line is not None:
+                on_line(line.rstrip())
+            if time.monotonic() - t0 > timeout:
+                break
+        try:
+            code = proc.wait(timeout=max(1.0, timeout - (time.monotonic() - t0)))
+        except subprocess.TimeoutExpired:
+            raise FederationError(f"the federated run did not end within {timeout:g} s") from None
+        errors = [t for t in tail if "ERROR" in t or "Traceback" in t]
+        if code != 0 or errors:
+            raise FederationError(
+                f"the federated run failed (flwr run exited {code}): {errors[-1] if errors else tail[-1:]}; "
+                f"logs in {self.workdir}"
+            )
+
+    def _start_streaming(self, app_dir: str, config: str) -> subprocess.Popen:
+        proc = subprocess.Popen(
+            [self._tool("flwr"), "run", app_dir, "loopback", "--stream", "--run-config", config],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=self.env,
+            cwd=self.workdir,
+            start_new_session=True,
+        )
+        self.procs.append(("flwr-run", proc))
+        return proc
+
+    def stop(self, grace: float = 10.0) -> None:
+        """Stops everything started, supernodes before the superlink (SIGTERM to each process group, then SIGKILL
+        after `grace` seconds); idempotent."""
+        order = [p for p in self.procs if p[0].startswith(("flwr-run", "supernode"))]
+        order += [p for p in self.procs if p not in order]
+        for _label, proc in order:
+            _signal_group(proc, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for _label, proc in order:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            _signal_group(proc, signal.SIGKILL)  # the group: children like flower-superexec go too
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        self.procs = []
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

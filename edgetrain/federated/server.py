@@ -1,0 +1,234 @@
+"""The Flower ServerApp: run config -> FedAvg over named arrays from a converted artifact's initial parameters ->
+the global model as a checkpoint (global.etck) and an ONNX inference model (global.onnx), progress.jsonl (a line a
+round, as it ends) and summary.json. Personal parameters are never in what the server sends or accepts.
+
+Every reply goes through a door before aggregation (Door, a strategy wrapper): a client's error reply (it refused
+the round: another artifact, data it cannot use) and a reply whose names or shapes are not the shared parameters'
+are left out and recorded, so one mismatched device cannot poison a round, with or without central differential
+privacy (Flower's DifferentialPrivacyServerSideFixedClipping, wrapped inside the door).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg
+from flwr.serverapp.strategy.strategy import Strategy
+
+from ..container import atomic_write
+from ..runtime import TrainingSession
+from .common import CHECK_KEY, RUN_DEFAULTS, from_records, patterns, personal_names, readers_of, to_records
+
+app = ServerApp()
+
+
+class Door(Strategy):
+    """Wraps a strategy: records every reply (who sent what, how many samples, their metrics) and lets through only
+    those that carry exactly the shared parameters with their shapes."""
+
+    def __init__(self, inner: Strategy, shapes: dict[str, tuple[int, ...]]):
+        super().__init__()
+        self.inner, self.shapes = inner, shapes
+        self.clients: dict[int, dict[str, Any]] = {}  # client id -> what the summary says of it
+        self.refused: list[dict[str, Any]] = []
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid):
+        return self.inner.configure_train(server_round, arrays, config, grid)
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid):
+        return self.inner.configure_evaluate(server_round, arrays, config, grid)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]):
+        return self.inner.aggregate_evaluate(server_round, replies)
+
+    def summary(self) -> None:
+        self.inner.summary()
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]):
+        kept = []
+        for msg in replies:
+            node = msg.metadata.src_node_id
+            if msg.has_error():
+                self._refuse(server_round, node, msg.error.reason or "an error without a reason")
+                continue
+            record = msg.content.array_records.get("arrays")
+            metrics = msg.content.metric_records.get("metrics")
+            why = self._misfit(record, metrics)
+            if why:
+                self._refuse(server_round, node, why)
+                continue
+            self._record(server_round, metrics, sorted(record.keys()))
+            kept.append(msg)
+        if not kept:
+            return None, None
+        return self.inner.aggregate_train(server_round, kept)
+
+    def _misfit(self, record: ArrayRecord | None, metrics: MetricRecord | None) -> str:
+        if record is None or metrics is None or "num-examples" not in metrics:
+            return "a reply without parameters or a sample count"
+        names = set(record.keys())
+        if names != set(self.shapes):
+            extra, missing = sorted(names - set(self.shapes)), sorted(set(self.shapes) - names)
+            return (
+                f"parameters that are not the shared ones ({len(extra)} unknown, e.g. {extra[:2]}; "
+                f"{len(missing)} missing, e.g. {missing[:2]})"
+            )
+        for name, arr in record.items():
+            if tuple(arr.shape) != self.shapes[name]:
+                return f"parameter '{name}' of shape {list(arr.shape)}, not {list(self.shapes[name])}"
+        return ""
+
+    def _refuse(self, server_round: int, node: int, why: str) -> None:
+        self.refused.append({"round": server_round, "node": node, "reason": why})
+        print(f"round {server_round}: refused a reply from node {node}: {why}", flush=True)
+
+    def _record(self, server_round: int, metrics: MetricRecord, names: list[str]) -> None:
+        cid = int(metrics.get("client", -1))
+        c = self.clients.setdefault(cid, {"id": cid, "num_examples": 0, "sent": [], "rounds": []})
+        c["num_examples"] = int(metrics["num-examples"])
+        c["sent"].append(names)
+        c["rounds"].append({"round": server_round, **{k: float(v) for k, v in metrics.items()}})
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    cfg = {**RUN_DEFAULTS, **dict(context.run_config)}
+    run(grid, cfg)
+
+
+def run(grid: Grid, cfg: dict[str, Any]) -> dict[str, Any]:
+    out = str(cfg["out"]) or os.path.abspath("federated-out")
+    os.makedirs(out, exist_ok=True)
+    sess = TrainingSession(str(cfg["artifact"]))
+    params = sess.parameters()
+    personal = personal_names(sess.parameter_names, patterns(cfg["personal"]), readers_of(sess))
+    shared = {n: params[n] for n in sess.parameter_names if n not in personal}
+    if not shared:
+        raise ValueError(
+            f"every parameter matches the personal patterns {cfg['personal']!r}: nothing to share"
+        )
+    clients = int(cfg["min-clients"])
+    inner: Strategy = FedAvg(
+        fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=clients, min_available_nodes=clients
+    )
+    privacy = {"noise_multiplier": float(cfg["dp-noise"]), "clipping_norm": float(cfg["dp-clip"])}
+    if privacy["noise_multiplier"] > 0:
+        inner = DifferentialPrivacyServerSideFixedClipping(
+            inner, privacy["noise_multiplier"], privacy["clipping_norm"], num_sampled_clients=clients
+        )
+        privacy["mechanism"] = "central DP, server-side fixed clipping (Flower)"
+        privacy["noise_stddev"] = privacy["noise_multiplier"] * privacy["clipping_norm"] / clients
+    door = Door(inner, {k: tuple(v.shape) for k, v in shared.items()})
+    train_config = ConfigRecord(
+        {
+            "local-epochs": int(cfg["local-epochs"]),
+            "local-steps": int(cfg["local-steps"]),
+            "lr": float(cfg["lr"]),
+            "personal": str(cfg["personal"]),
+            CHECK_KEY: sess.artifact.program_id,
+        }
+    )
+    judge = _judge(sess, str(cfg["val-data"]), out)
+    result = door.start(
+        grid=grid,
+        initial_arrays=to_records(shared),
+        num_rounds=int(cfg["rounds"]),
+        train_config=train_config,
+        evaluate_fn=judge,
+    )
+    final = from_records(result.arrays) if result.arrays is not None else shared
+    sess.set_parameters(final)
+    sess.save_checkpoint(
+        os.path.join(out, "global.etck"), user_state={"federated_rounds": int(cfg["rounds"])}
+    )
+    exported = _export(sess, out)
+    summary = {
+        "initial_val_accuracy": judge.history[0].get("val_accuracy") if judge.history else None,
+        "final_val_accuracy": judge.history[-1].get("val_accuracy") if judge.history else None,
+        "rounds": [r for r in judge.history if r["round"] > 0],
+        "clients": [_client_summary(c) for _, c in sorted(door.clients.items())],
+        "refused": door.refused,
+        "personal": personal,
+        "shared": sorted(shared),
+        "privacy": privacy if privacy["noise_multiplier"] > 0 else None,
+        "global_checkpoint": os.path.join(out, "global.etck"),
+        "global_onnx": exported,
+    }
+    atomic_write(os.path.join(out, "summary.json"), json.dumps(summary, indent=2, allow_nan=False).encode())
+    return summary
+
+
+def _client_summary(c: dict[str, Any]) -> dict[str, Any]:
+    first, last = c["rounds"][0], c["rounds"][-1]
+    return {
+        "id": c["id"],
+        "num_examples": c["num_examples"],
+        "sent": c["sent"],
+        "local_val_accuracy_before": _metric(first.get("val-accuracy-before")),
+        "local_val_accuracy_after": _metric(last.get("val-accuracy-after")),
+        "rounds": c["rounds"],
+    }
+
+
+def _metric(v: float | None) -> float | None:
+    return None if v is None or v < 0 else v
+
+
+class _Judge:
+    """evaluate_fn: the global model (shared parameters from the round, the artifact's own personal ones) on the
+    server's validation data, before the first round and after each; writes a progress line per round."""
+
+    def __init__(self, sess: TrainingSession, view, transform, out: str):
+        self.sess, self.view, self.transform, self.out = sess, view, transform, out
+        self.initial = sess.parameters()
+        self.history: list[dict[str, Any]] = []
+        self.t = time.perf_counter()
+
+    def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+        now = time.perf_counter()
+        line: dict[str, Any] = {"round": server_round, "seconds": round(now - self.t, 3)}
+        self.t = now
+        metrics = None
+        if self.view is not None:
+            from loaders import DataLoader
+
+            from ..trainer import evaluate, session_batch
+
+            self.sess.set_parameters({**self.initial, **from_records(arrays)})
+            loader = DataLoader(self.view, session_batch(self.sess) or 32, batch_transform=self.transform)
+            loss, acc = evaluate(self.sess, loader, classification=self.sess.num_classes is not None)
+            line.update(val_loss=float(loss), val_accuracy=None if acc is None else float(acc))
+            metrics = MetricRecord({k: v for k, v in line.items() if isinstance(v, float)})
+        self.history.append(line)
+        with open(os.path.join(self.out, "progress.jsonl"), "a", encoding="utf-8") as f:
+            f.write(json.dumps(line) + "\n")
+        return metrics
+
+
+def _judge(sess: TrainingSession, path: str, out: str) -> _Judge:
+    if not path:
+        return _Judge(sess, None, None, out)
+    from ..feeding import DataOptions, open_feed
+
+    feed = open_feed(path, "test", sess, DataOptions())
+    return _Judge(sess, feed.view, feed.transform, out)
+
+
+def _export(sess: TrainingSession, out: str) -> str | None:
+    try:
+        sess.export_onnx(os.path.join(out, "global.onnx"))
+    except (
+        Exception
+    ) as e:  # the server may run without onnx: the checkpoint is the result, the ONNX a courtesy
+        print(f"global.onnx not written: {e}", flush=True)
+        return None
+    return os.path.join(out, "global.onnx")
+
+
+__all__ = ["Door", "app", "main", "run"]
