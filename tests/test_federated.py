@@ -197,3 +197,65 @@ def test_label_skew_puts_most_of_each_class_on_one_client():
         assert counts[c % 3] == 24 and sum(counts) == 30  # 80% with its home client
     iid = partition(view, 3, "iid", seed=1)
     assert [len(p) for p in iid] == [100, 100, 100]
+
+
+@pytest.mark.slow
+def test_ctrl_c_and_a_failing_run_stop_every_process(fresh, tmp_path):
+    """Ctrl-C after the first round, and a run whose server cannot read its validation data: both end with one
+    clear line and leave no Flower process behind. One client's data is the phone app's SampleStore."""
+    import signal
+    import time
+
+    from loaders import SampleStore
+
+    out = tmp_path / "interrupted"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "edgetrain.cli", "federate", str(fresh), "--data", str(DIGITS), "--clients", "2",
+         "--rounds", "50", "--out", str(out)],
+        stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT,
+    )  # fmt: skip
+    for line in proc.stderr:
+        if line.startswith("round 1/50"):
+            break
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "interrupted" in err
+    time.sleep(1)
+    assert not live_flower_processes(out / "flower")
+
+    from edgetrain.federated.deploy import APP_DIR, Deployment, FederationError
+
+    view = open_data(DIGITS)
+    nodes = []
+    for k, idx in enumerate(partition(view, 2, "iid")):
+        home = tmp_path / f"client-{k}"
+        home.mkdir()
+        x, y = view.get_batch(idx)
+        if k == 0:  # a phone's own store
+            with SampleStore(home / "samples.sqlite") as store:
+                store.add_many(list(x), list(y))
+            data = home / "samples.sqlite"
+        else:
+            np.savez(home / "data.npz", x=x, y=y)
+            data = home / "data.npz"
+        nodes.append({"partition-id": k, "artifact": str(fresh), "data": str(data), "home": str(home)})
+    config = {
+        "artifact": str(fresh),
+        "rounds": 1,
+        "local-steps": 5,
+        "local-epochs": 0,
+        "out": str(tmp_path / "ok"),
+    }
+    with Deployment(str(tmp_path / "flower-ok"), nodes) as d:
+        d.run(APP_DIR, config)
+    s = json.loads((tmp_path / "ok" / "summary.json").read_text())
+    assert (
+        sorted(c["id"] for c in s["clients"]) == [0, 1] and not s["refused"]
+    )  # the store trained like a file
+    bad = {**config, "val-data": str(tmp_path / "no-such-data"), "out": str(tmp_path / "bad")}
+    with pytest.raises(FederationError, match="the federated run failed"):
+        with Deployment(str(tmp_path / "flower-bad"), nodes) as d:
+            d.run(APP_DIR, bad, timeout=300)
+    assert not live_flower_processes(tmp_path / "flower-ok") and not live_flower_processes(
+        tmp_path / "flower-bad"
+    )

@@ -220,6 +220,11 @@ class Deployment:
             except subprocess.TimeoutExpired:
                 pass
         self.procs = []
+        for pid in _ours(self.env["FLWR_HOME"]):  # those that left our groups (the server app's own process)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
@@ -227,3 +232,28 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
         os.killpg(proc.pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _ours(flower_home: str) -> list[int]:
+    """Live processes started under this deployment's Flower home (they inherit its environment), found in /proc;
+    Flower starts the server app in a session of its own, out of reach of the process groups."""
+    mark = f"FLWR_HOME={flower_home}\0".encode()
+    found = []
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:  # no /proc (not Linux): the process groups are all there is
+        return []
+    for pid in pids:
+        if pid == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if mark not in f.read() + b"\0":
+                    continue
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[-1].split()[0] == "Z":
+                    continue
+        except OSError:
+            continue
+        found.append(pid)
+    return found
