@@ -82,6 +82,28 @@ def client_records(out: Path) -> list[tuple[int, dict[str, np.ndarray], list[dic
     return records
 
 
+def devices(tmp_path: Path, n: int, *, artifact, store=lambda k: False) -> list[dict]:
+    """n devices' node configs, each with an iid share of the digits in its own folder: as an .npz file, or in
+    the phone app's SampleStore where store(k) says so."""
+    from loaders import SampleStore
+
+    view = open_data(DIGITS)
+    nodes = []
+    for k, idx in enumerate(partition(view, n, "iid")):
+        home = tmp_path / f"client-{k}"
+        home.mkdir()
+        x, y = view.get_batch(idx)
+        if store(k):
+            data = home / "samples.sqlite"
+            with SampleStore(data) as s:
+                s.add_many(list(x), list(y))
+        else:
+            data = home / "data.npz"
+            np.savez(data, x=x, y=y)
+        nodes.append({"partition-id": k, "artifact": str(artifact(k)), "data": str(data), "home": str(home)})
+    return nodes
+
+
 @pytest.mark.slow
 def test_a_fresh_model_learns_from_label_skewed_clients(fresh, tmp_path):
     out = tmp_path / "run"
@@ -158,17 +180,7 @@ def test_dp_runs_and_a_mismatched_client_is_refused_without_failing_the_round(fr
     et.convert(
         fresh.parent / "lenet.onnx", loss=et.CrossEntropyLoss(), optimizer=et.Adam(lr=1e-3), batch_size=8
     ).save(other)
-    view = open_data(DIGITS)
-    nodes = []
-    for k, idx in enumerate(partition(view, 3, "iid")):
-        home = tmp_path / f"client-{k}"
-        home.mkdir()
-        x, y = view.get_batch(idx)
-        np.savez(home / "data.npz", x=x, y=y)
-        artifact = other if k == 2 else fresh
-        nodes.append(
-            {"partition-id": k, "artifact": str(artifact), "data": str(home / "data.npz"), "home": str(home)}
-        )
+    nodes = devices(tmp_path, 3, artifact=lambda k: other if k == 2 else fresh)
     out = tmp_path / "out"
     config = {
         "artifact": str(fresh), "rounds": 2, "local-epochs": 0, "local-steps": 10, "dp-noise": 0.01,
@@ -206,8 +218,6 @@ def test_ctrl_c_and_a_failing_run_stop_every_process(fresh, tmp_path):
     import signal
     import time
 
-    from loaders import SampleStore
-
     out = tmp_path / "interrupted"
     proc = subprocess.Popen(
         [sys.executable, "-m", "edgetrain.cli", "federate", str(fresh), "--data", str(DIGITS), "--clients", "2",
@@ -225,20 +235,9 @@ def test_ctrl_c_and_a_failing_run_stop_every_process(fresh, tmp_path):
 
     from edgetrain.federated.deploy import APP_DIR, Deployment, FederationError
 
-    view = open_data(DIGITS)
-    nodes = []
-    for k, idx in enumerate(partition(view, 2, "iid")):
-        home = tmp_path / f"client-{k}"
-        home.mkdir()
-        x, y = view.get_batch(idx)
-        if k == 0:  # a phone's own store
-            with SampleStore(home / "samples.sqlite") as store:
-                store.add_many(list(x), list(y))
-            data = home / "samples.sqlite"
-        else:
-            np.savez(home / "data.npz", x=x, y=y)
-            data = home / "data.npz"
-        nodes.append({"partition-id": k, "artifact": str(fresh), "data": str(data), "home": str(home)})
+    nodes = devices(
+        tmp_path, 2, artifact=lambda k: fresh, store=lambda k: k == 0
+    )  # client 0: a phone's store
     config = {
         "artifact": str(fresh),
         "rounds": 1,
