@@ -183,13 +183,13 @@ def test_dp_runs_and_a_mismatched_client_is_refused_without_failing_the_round(fr
     nodes = devices(tmp_path, 3, artifact=lambda k: other if k == 2 else fresh)
     out = tmp_path / "out"
     config = {
-        "artifact": str(fresh), "rounds": 2, "local-epochs": 0, "local-steps": 10, "dp-noise": 0.01,
-        "dp-clip": 50.0, "val-data": str(DIGITS), "out": str(out), "min-clients": 3,
+        "artifact": str(fresh), "rounds": 2, "local-epochs": 0, "local-steps": 20, "dp-noise": 0.005,
+        "dp-clip": 5.0, "val-data": str(DIGITS), "out": str(out), "min-clients": 3,
     }  # fmt: skip
     with Deployment(str(tmp_path / "flower"), nodes) as d:
         d.run(APP_DIR, config)
     s = json.loads((out / "summary.json").read_text())
-    assert s["privacy"]["noise_multiplier"] == 0.01 and s["privacy"]["clipping_norm"] == 50.0
+    assert s["privacy"]["noise_multiplier"] == 0.005 and s["privacy"]["clipping_norm"] == 5.0
     assert len(s["refused"]) == 2 and all(
         "not the model the server trains" in r["reason"] for r in s["refused"]
     )
