@@ -38,6 +38,21 @@ def save_artifact(art: TrainingArtifact, path: str | os.PathLike) -> int:
 
     program, plan = plan_memory(art.graph)
     prog_dict, tensors = graph_to_dict(program)
+    fused = None
+    if (
+        art.fused is not None
+    ):  # the step without its update nodes, planned on its own (see convert._fused_program)
+        fprogram, fplan = plan_memory(art.fused["graph"])
+        fdict, ftensors = graph_to_dict(fprogram)
+        for name, arr in ftensors.items():
+            assert name not in tensors or np.array_equal(tensors[name], arr), f"tensor '{name}' differs"
+            tensors.setdefault(name, arr)
+        fused = {
+            "program": fdict,
+            "plan": fplan.to_dict(),
+            "gradients": art.fused["gradients"],
+            "state_roles": art.fused["state_roles"],
+        }
     base_dict, base_tensors = graph_to_dict(art.base)
     for name, arr in base_tensors.items():
         if name in tensors:
@@ -68,6 +83,7 @@ def save_artifact(art: TrainingArtifact, path: str | os.PathLike) -> int:
         "initial": [n for n in art.initial if n not in zeros],
         "zeros": zeros,
         "batch_plan": None if art.batch_plan is None else art.batch_plan.to_dict(),
+        "fused": fused,
         "loss": art.loss_config,
         "optimizer": art.optimizer_config,
         "provenance": art.provenance,
@@ -87,6 +103,7 @@ class LoadedArtifact:
     initial: dict[str, np.ndarray]
     tensors: dict[str, np.ndarray]
     batch_plan: BatchPlan | None = None
+    fused: dict[str, Any] | None = None  # {"program": Graph, "plan": MemoryPlan, "gradients", "state_roles"}
 
     @property
     def io(self) -> dict[str, Any]:
@@ -112,12 +129,21 @@ def load_artifact(path: str | os.PathLike, *, verify: bool = True) -> LoadedArti
             initial[name] = _zeros(dtype, shape)
         initial = {name: initial[name] for name in header["io"]["parameters"] + header["io"]["state"]}
         batch_plan = BatchPlan.from_dict(header["batch_plan"]) if header.get("batch_plan") else None
+        fused = None
+        if header.get("fused"):
+            f = header["fused"]
+            fused = {
+                "program": graph_from_dict(f["program"], tensors),
+                "plan": MemoryPlan.from_dict(f["plan"]),
+                "gradients": dict(f["gradients"]),
+                "state_roles": {k: tuple(v) for k, v in f["state_roles"].items()},
+            }
     except (KeyError, TypeError, ValueError) as e:
         raise ArtifactError(
             f"'{path}' is an edgetrain artifact, but its header is incomplete or damaged "
             f"({type(e).__name__}: {e}); rebuild it with `edgetrain convert`"
         ) from e
-    return LoadedArtifact(os.fspath(path), header, program, base, plan, initial, tensors, batch_plan)
+    return LoadedArtifact(os.fspath(path), header, program, base, plan, initial, tensors, batch_plan, fused)
 
 
 def _zeros(dtype: str, shape: list[int]) -> np.ndarray:

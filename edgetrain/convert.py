@@ -47,6 +47,8 @@ class TrainingArtifact:
     # what conversion did that the user should know (re-batching)
     notes: list[str] = field(default_factory=list)
     batch_plan: BatchPlan | None = None  # how the inference graph (base) moves to another batch, when fixed
+    # the step for the runtime's fused optimizer (see _fused_program), or None: the runtime runs `graph`
+    fused: dict | None = None
 
     @property
     def frozen(self) -> list[str]:
@@ -205,6 +207,7 @@ def convert(
     graph.outputs = [loss_name] + list(inference.outputs) + list(updates.values())
     graph = prune(fold_constants(graph))  # constant-only pieces the loss or optimizer built, dead branches
     graph.verify(static=True)
+    fused = _fused_program(graph, optimizer, ctx, params, grads, loss_name, list(inference.outputs))
     return TrainingArtifact(
         graph=graph,
         inference=inference,
@@ -224,7 +227,30 @@ def convert(
         roles=roles,
         notes=notes,
         batch_plan=plan,
+        fused=fused,
     )
+
+
+def _fused_program(
+    graph: Graph, optimizer: IOptimizer, ctx, params, grads, loss: str, outputs
+) -> dict | None:
+    """For an optimizer the runtime runs as a fused kernel over flat buffers (SGD, Adam, AdamW): the step without
+    its update nodes, whose outputs are the loss, the model's outputs and each parameter's gradient; with the
+    gradient names and the role of each state tensor. The step graph itself stays whole (training_onnx, other
+    runtimes); the device runs this and updates every parameter in a few numpy calls."""
+    if not optimizer.fusable():
+        return None
+    gradients = {p: grads[p] for p in params}
+    wanted = list(dict.fromkeys([loss, *outputs, *gradients.values()]))
+    reduced = prune(graph.copy(outputs=wanted))
+    read = {i for n in reduced.nodes for i in n.inputs if i} | set(reduced.outputs)
+    reduced.inputs = [i for i in reduced.inputs if i in read or i in params]
+    reduced.verify(static=True)
+    return {
+        "graph": reduced,
+        "gradients": gradients,
+        "state_roles": {name: list(role) for name, role in ctx.state_roles.items()},
+    }
 
 
 def _rebatch(base: Graph, batch_size: int | None) -> tuple[BatchPlan | None, list[str]]:

@@ -24,13 +24,17 @@ class TrainingContext(GradContext):
         self.lr = lr
         self.state_inputs: dict[str, np.ndarray] = {}  # state input name -> initial value
         self.state_updates: dict[str, str] = {}  # state input name -> its updated value
+        # state input name -> (what it is, the weight it belongs to): how the runtime's fused optimizer finds it
+        self.state_roles: dict[str, tuple[str, str]] = {}
         self._step: tuple[str, str] | None = None
 
-    def state(self, name: str, initial: np.ndarray) -> str:
+    def state(self, name: str, initial: np.ndarray, *, role: tuple[str, str] | None = None) -> str:
         """A state tensor: a graph input called `name` (starting at `initial`); set its next value with
-        update_state."""
+        update_state. role: (kind, weight), e.g. ("momentum", "fc.weight"), for the runtime's fused optimizer."""
         assert name not in self.state_inputs, f"state '{name}' declared twice"
         name = self.b.fresh(name)
+        if role is not None:
+            self.state_roles[name] = role
         initial = np.asarray(initial)
         self.state_inputs[name] = initial
         self.b.graph.inputs.append(name)
@@ -44,7 +48,7 @@ class TrainingContext(GradContext):
     def step(self) -> tuple[str, str]:
         """(steps taken so far, that count plus one) as float32 scalars; the counter is state 'optimizer.step'."""
         if self._step is None:
-            t = self.state("optimizer.step", np.zeros((), np.float32))
+            t = self.state("optimizer.step", np.zeros((), np.float32), role=("step", ""))
             t1 = self.op("Add", t, self.const(np.ones((), np.float32), hint="one"), name="optimizer_step")
             self.update_state(t, t1)
             self._step = (t, t1)
@@ -74,6 +78,12 @@ class IOptimizer(ABC):
 
     def config(self) -> dict[str, Any]:
         return {"type": type(self).__name__, **{k: v for k, v in vars(self).items() if not k.startswith("_")}}
+
+    def fusable(self) -> bool:
+        """Whether the runtime may run this optimizer's update as its own fused kernel over flat buffers (the
+        same arithmetic, in the same order): true for SGD, Adam and AdamW as defined here, false for subclasses
+        that change the update and for other optimizers, whose graph the runtime then runs as it is."""
+        return False
 
 
 def _clip_by_global_norm(g: TrainingContext, grads: list[str], max_norm: float) -> list[str]:
@@ -123,7 +133,9 @@ class SGD(IOptimizer):
         if self.weight_decay:
             d = g.op("Add", d, g.op("Mul", weight, g.scalar_like(self.weight_decay, weight)))
         if self.momentum:
-            v = g.state(f"{weight}.momentum", np.zeros(g.shape(weight), g.dtype(weight)))
+            v = g.state(
+                f"{weight}.momentum", np.zeros(g.shape(weight), g.dtype(weight)), role=("momentum", weight)
+            )
             v_new = g.op("Mul", v, g.scalar_like(self.momentum, weight))
             scaled = d if self.dampening == 0 else g.op("Mul", d, g.scalar_like(1.0 - self.dampening, weight))
             v_new = g.op("Add", v_new, scaled)
@@ -137,6 +149,9 @@ class SGD(IOptimizer):
                 else v_new
             )
         return g.op("Sub", weight, g.op("Mul", d, _lr(g, weight)), name=f"{weight}_update")
+
+    def fusable(self) -> bool:
+        return type(self).make is SGD.make and type(self).make_multiple is IOptimizer.make_multiple
 
 
 def _lr(g: TrainingContext, like: str) -> str:
@@ -187,7 +202,8 @@ class Adam(IOptimizer):
                 ),
             )
         zeros = np.zeros(g.shape(weight), g.dtype(weight))
-        m, v = g.state(f"{weight}.exp_avg", zeros), g.state(f"{weight}.exp_avg_sq", zeros)
+        m = g.state(f"{weight}.exp_avg", zeros, role=("exp_avg", weight))
+        v = g.state(f"{weight}.exp_avg_sq", zeros, role=("exp_avg_sq", weight))
         m_new = g.op(
             "Add", g.op("Mul", m, g.scalar_like(b1, weight)), g.op("Mul", d, g.scalar_like(1 - b1, weight))
         )
@@ -209,6 +225,9 @@ class Adam(IOptimizer):
         denom = g.op("Add", g.op("Sqrt", g.op("Div", v_new, bc2)), g.scalar_like(self.eps, weight))
         step = g.op("Mul", g.op("Div", lr, bc1), g.op("Div", m_new, denom))
         return g.op("Sub", w, step, name=f"{weight}_update")
+
+    def fusable(self) -> bool:
+        return type(self).make is Adam.make and type(self).make_multiple is IOptimizer.make_multiple
 
 
 class AdamW(Adam):

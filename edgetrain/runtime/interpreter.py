@@ -92,7 +92,14 @@ class Interpreter:
     once and reused on every run (no allocation in steady state). Either way, the caller never receives an array
     that a later run overwrites."""
 
-    def __init__(self, graph: Graph, *, preallocate: bool = True, plan: MemoryPlan | None = None):
+    def __init__(
+        self,
+        graph: Graph,
+        *,
+        preallocate: bool = True,
+        plan: MemoryPlan | None = None,
+        bind: Mapping[str, np.ndarray] | None = None,
+    ):
         self.graph = graph
         self.plan = plan
         self.arena: np.ndarray | None = None  # under a plan: the bytes every planned value lives in
@@ -112,6 +119,12 @@ class Interpreter:
         # ids of the arrays a caller must never receive uncopied: constants, the arena, our buffers
         self._protected: set[int] = {id(_root(v)) for v in graph.initializers.values()}
         buffers = self._arena_views(plan) if plan is not None else {}
+        # graph outputs the caller gives a buffer for (a session's flat gradient views): written there, returned
+        for name, buf in (bind or {}).items():
+            assert name in graph.outputs and name not in buffers, (
+                f"'{name}' cannot be bound: not a free output"
+            )
+            buffers[name] = buf
         steps = []
         for idx, n in enumerate(graph.nodes):
             fn, kwargs = compile_step(n)
@@ -135,6 +148,7 @@ class Interpreter:
         self.steps = steps
         self._consts = [(self.slot[k], v) for k, v in graph.initializers.items()]
         self._in_slots = [(name, self.slot[name]) for name in graph.inputs]
+        self._compiled = _compile(steps, self.n_slots + 1)
 
     def _arena_views(self, plan: MemoryPlan) -> dict[str, np.ndarray]:
         """One aligned byte arena, and a view into it for every planned value."""
@@ -176,6 +190,18 @@ class Interpreter:
             env[s] = v
         for name, s in self._in_slots:
             env[s] = feeds[name]
+        if record is None:  # the straight-line code; on a failure, the loop below says where, with the shapes
+            try:
+                self._compiled(env)
+                wanted = self.graph.outputs if outputs is None else outputs
+                return [self._detached(env[self.slot[name]]) for name in wanted]
+            except Exception:
+                pass
+            env = [None] * (self.n_slots + 1)
+            for s, v in self._consts:
+                env[s] = v
+            for name, s in self._in_slots:
+                env[s] = feeds[name]
         for st in self.steps:
             args = [env[s] for s in st.ins]
             try:
@@ -215,6 +241,49 @@ class Interpreter:
         """A result that is (a view of) a reused buffer, the arena or a constant (a Reshape of a Conv output,
         say) is copied, so that the caller's arrays never change under it, nor ours under the caller."""
         return r.copy() if id(_root(r)) in self._protected else r
+
+
+def _compile(steps: Sequence[Step], n_env: int) -> Callable[[list[Any]], None]:
+    """The steps as one straight-line Python function over the env list: each kernel called with its attributes
+    bound (functools.partial), its result put into its planned buffer when the kernel did not write there, dead
+    values dropped; no loop, no per-step dispatch. A failure falls back to the loop, which says where."""
+    import functools
+
+    names: dict[str, Any] = {"np_copyto": np.copyto}
+    lines = ["def run(e):"]
+    for k, st in enumerate(steps):
+        f = f"f{k}"
+        names[f] = functools.partial(st.fn, **st.kwargs) if st.kwargs else st.fn
+        args = ", ".join(f"e[{s}]" for s in st.ins)
+        if len(st.outs) == 1:
+            lines.append(f"    r = {f}({args})")
+            d = st.dests[0]
+            if d is not None:
+                names[f"d{k}"] = d
+                lines.append(f"    if r is not d{k}:")
+                lines.append(f"        np_copyto(d{k}, r)")
+                lines.append(f"        r = d{k}")
+            lines.append(f"    e[{st.outs[0]}] = r")
+        else:
+            lines.append(f"    r = {f}({args})")
+            lines.append("    r = r if isinstance(r, tuple) else (r,)")
+            for j, (s, d) in enumerate(zip(st.outs, st.dests)):
+                if d is not None:
+                    names[f"d{k}_{j}"] = d
+                    lines.append(f"    if r[{j}] is not d{k}_{j}:")
+                    lines.append(f"        np_copyto(d{k}_{j}, r[{j}])")
+                    val = f"d{k}_{j}"
+                else:
+                    val = f"r[{j}]"
+                if s >= 0:
+                    lines.append(f"    e[{s}] = {val}")
+        for s in st.free:
+            lines.append(f"    e[{s}] = None")
+    if not steps:
+        lines.append("    pass")
+    code = compile("\n".join(lines), "<edgetrain step>", "exec")
+    exec(code, names)
+    return names["run"]
 
 
 def _root(a: np.ndarray) -> np.ndarray:

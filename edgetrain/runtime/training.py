@@ -26,19 +26,53 @@ class TrainingSession:
     (BatchNorm with running statistics, no dropout), with the current parameters.
     """
 
-    def __init__(self, path: str | os.PathLike, *, verify: bool = True):
+    def __init__(self, path: str | os.PathLike, *, verify: bool = True, fused: bool = True):
         self.artifact = art = load_artifact(path, verify=verify)
         io = art.io
         self._io = io
-        self._step_program = Interpreter(art.program, plan=art.plan)
-        # Parameters and state are owned by the session: writable copies of the file's read-only maps.
-        self._values: dict[str, np.ndarray] = {k: np.array(v) for k, v in art.initial.items()}
+        # With a fused optimizer (SGD, Adam, AdamW), the session runs the step without its update nodes, writes
+        # the gradients into one flat buffer and updates every parameter in a few numpy calls; else it runs the
+        # whole step graph. fused=False asks for the graph (the tests compare the two).
+        self._fused = self._make_fused(art) if fused else None
+        if self._fused is not None:
+            self._values: dict[str, np.ndarray] = self._fused.values()
+            f = art.fused
+            grads = self._fused.gradients()
+            bind = {
+                f["gradients"][p]: grads[p]
+                for p in io["parameters"]
+                if f["gradients"][p] in f["program"].outputs
+            }
+            self._step_program = Interpreter(f["program"], plan=f["plan"], bind=bind)
+            self._grad_of = {p: f["gradients"][p] for p in io["parameters"]}
+        else:
+            self._step_program = Interpreter(art.program, plan=art.plan)
+            # Parameters and state are owned by the session: writable copies of the file's read-only maps.
+            self._values = {k: np.array(v) for k, v in art.initial.items()}
         self._lr = float(art.header["optimizer"].get("lr", 0.0))
         self.step = 0
         self._eval_program: Interpreter | None = None
         self._run_programs: dict[tuple, Interpreter] = {}
         self._target_info = art.program.values[io["target"]]
         self._n_classes = self._classes()
+
+    def _make_fused(self, art):
+        from .fused import FusedOptimizer, fusable
+
+        if art.fused is None:
+            return None
+        params = {p: (tuple(art.initial[p].shape), art.initial[p].dtype) for p in art.io["parameters"]}
+        if not fusable(art.header["optimizer"], [d for _, d in params.values()]):
+            return None
+        return FusedOptimizer(art.header["optimizer"], params, art.fused["state_roles"], art.initial)
+
+    def _assign(self, name: str, value: np.ndarray) -> None:
+        """Sets a parameter or state tensor: into the flat buffers when fused (their views must stay)."""
+        if self._fused is not None:
+            self._fused.load({name: value})
+            self._values = self._fused.values()
+        else:
+            self._values[name] = np.array(value, dtype=self._values[name].dtype)
 
     # ---- the interface -----------------------------------------------------------------------------------------
     @property
@@ -84,7 +118,7 @@ class TrainingSession:
             if not _finite(value):
                 raise FeedError(f"parameter '{name}' holds non-finite values (NaN or infinity); refused")
         for name, value in params.items():
-            self._values[name] = np.array(value, dtype=self._values[name].dtype)
+            self._assign(name, np.asarray(value, dtype=self._values[name].dtype))
 
     def train_step(self, x: Any, y: Any) -> float:
         """One optimizer step on a batch; returns the loss (before the update).
@@ -95,6 +129,8 @@ class TrainingSession:
         out = self._step_program.run(feeds)
         results = dict(zip(self._step_program.graph.outputs, out))
         loss = float(results[self._io["loss"]])
+        if self._fused is not None:
+            return self._fused_step(loss, results)
         updates = self._io["updates"]
         params = set(self._io["parameters"])
         bad = [] if math.isfinite(loss) else list(updates)  # a non-finite loss poisons every update
@@ -109,6 +145,29 @@ class TrainingSession:
             )
         for name, new in updates.items():
             self._values[name] = results[new]
+        self.step += 1
+        return loss
+
+    def _fused_step(self, loss: float, results: dict[str, np.ndarray]) -> float:
+        if not math.isfinite(loss):
+            bad = list(self._io["updates"])
+            raise NonFiniteError(
+                self._non_finite_message(loss, bad), loss=loss, step=self.step + 1, values=bad
+            )
+        grads = self._fused.gradients()
+        for (
+            p,
+            name,
+        ) in self._grad_of.items():  # a gradient the program did not write into its view (a constant)
+            r = results.get(name)
+            if r is not None and r is not grads[p]:
+                np.copyto(grads[p], r)
+        bad = self._fused.update(self._lr)
+        if bad:
+            raise NonFiniteError(
+                self._non_finite_message(loss, bad), loss=loss, step=self.step + 1, values=bad
+            )
+        self._values = self._fused.values()
         self.step += 1
         return loss
 
@@ -186,7 +245,8 @@ class TrainingSession:
 
     def restore(self, snapshot: Mapping[str, Any]) -> None:
         """Puts back what snapshot() took."""
-        self._values = {k: v.copy() for k, v in snapshot["values"].items()}
+        for k, v in snapshot["values"].items():
+            self._assign(k, v)
         self.step, self._lr = int(snapshot["step"]), float(snapshot["lr"])
 
     # ---- checkpoints -------------------------------------------------------------------------------------------
@@ -254,8 +314,8 @@ class TrainingSession:
             raise ArtifactError(
                 f"checkpoint '{path}': its user_state is a {type(user).__name__}, not a JSON object"
             )
-        for k in self._values:
-            self._values[k] = np.array(tensors[k])
+        for k in list(self._values):
+            self._assign(k, tensors[k])
         self.step, self._lr = step, float(lr)
         return dict(user)
 

@@ -62,6 +62,11 @@ def _matmul(op: str, a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> np
         if a.dtype == np.float16 and b.dtype == np.float16:
             # numpy's float16 matmul has no BLAS path and accumulates in float16: go through float32.
             return _store(np.asarray(np.matmul(a.astype(np.float32), b.astype(np.float32))), a.dtype, out)
+        if a.ndim == 2 and b.ndim == 2 and a.dtype == b.dtype and a.dtype.kind == "f" and a.dtype.itemsize >= 4:
+            # np.dot goes to BLAS gemm for every 2-D layout; np.matmul does not for some (an outer product, k=1,
+            # is 5-7x slower through it): the same products either way
+            if out is None or (out.flags.c_contiguous and out.dtype == a.dtype):
+                return np.dot(a, b, out=out)
         # np.asarray: 1-D @ 1-D gives a numpy scalar.
         return np.asarray(np.matmul(a, b, out=out))
     except ValueError as e:

@@ -1,0 +1,81 @@
+"""The fast paths leave results unchanged: the fused optimizer over flat buffers gives, bit for bit, the parameters,
+optimizer state and losses of the step graph's own update nodes (which onnxruntime runs in test_session.py), for
+every SGD and Adam variant; a refused step changes nothing; a custom optimizer runs its graph."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from models import MODELS, batch_for
+
+import edgetrain as et
+
+BATCH = 8
+OPTIMIZERS = {
+    "sgd": lambda: et.SGD(lr=0.05),
+    "sgd_momentum_wd": lambda: et.SGD(lr=0.05, momentum=0.9, weight_decay=5e-4),
+    "sgd_nesterov": lambda: et.SGD(lr=0.05, momentum=0.9, nesterov=True),
+    "sgd_dampening": lambda: et.SGD(lr=0.05, momentum=0.9, dampening=0.3, weight_decay=1e-3),
+    "sgd_clip": lambda: et.SGD(lr=0.05, momentum=0.9, clip_grad_norm=0.5),
+    "adam": lambda: et.Adam(lr=1e-3, weight_decay=1e-4),
+    "adamw_clip": lambda: et.AdamW(lr=1e-3, clip_grad_norm=1.0),
+}
+
+
+def sessions(tmp_path, model: str, optimizer, **kw) -> tuple[et.TrainingSession, et.TrainingSession]:
+    art = et.convert(
+        MODELS[model][0](), loss=et.CrossEntropyLoss(), optimizer=optimizer, batch_size=BATCH, **kw
+    )
+    path = tmp_path / f"{model}.etrain"
+    art.save(path)
+    return et.TrainingSession(path), et.TrainingSession(path, fused=False)
+
+
+@pytest.mark.parametrize("opt", list(OPTIMIZERS))
+@pytest.mark.parametrize("model", ["mlp", "resnet_tiny"])
+def test_fused_update_is_the_graph_update_bit_for_bit(tmp_path, model, opt):
+    fast, graph = sessions(tmp_path, model, OPTIMIZERS[opt]())
+    assert fast._fused is not None and graph._fused is None
+    rng = np.random.default_rng(0)
+    x, y = batch_for(model, BATCH)
+    for step in range(6):
+        xs = x + 0.1 * rng.standard_normal(x.shape).astype(x.dtype)  # other batches, other gradients
+        assert fast.train_step(xs, y) == graph.train_step(xs, y), f"step {step}"
+    for name, value in graph.snapshot()["values"].items():  # parameters, momentum / moments, the step counter
+        np.testing.assert_array_equal(fast.snapshot()["values"][name], value, err_msg=name)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_a_refused_fused_step_changes_nothing_and_checkpoints_round_trip(tmp_path):
+    fast, graph = sessions(tmp_path, "mlp", et.Adam(lr=1e-3))
+    x, y = batch_for("mlp", BATCH)
+    fast.train_step(x, y)
+    before = {k: v.copy() for k, v in fast.snapshot()["values"].items()}
+    fast.lr = 1e30
+    with pytest.raises(et.NonFiniteError):
+        for _ in range(5):
+            before = {k: v.copy() for k, v in fast.snapshot()["values"].items()}
+            fast.train_step(x, y)
+    for k, v in fast.snapshot()["values"].items():
+        np.testing.assert_array_equal(v, before[k], err_msg=k)
+    fast.lr = 1e-3
+    fast.save_checkpoint(tmp_path / "c.etck")
+    graph.load_checkpoint(tmp_path / "c.etck")  # the same file format either way
+    for k, v in fast.snapshot()["values"].items():
+        np.testing.assert_array_equal(graph.snapshot()["values"][k], v, err_msg=k)
+    assert fast.train_step(x, y) == graph.train_step(x, y)
+    fast.set_parameters({"fc1.weight": np.zeros_like(fast.parameters()["fc1.weight"])})
+    assert not fast.parameters()["fc1.weight"].any()
+
+
+def test_a_custom_optimizer_runs_its_graph(tmp_path):
+    class HalfSGD(et.SGD):
+        def make(self, g, weight, grad):  # a different update: the runtime cannot fuse it
+            return super().make(g, weight, g.op("Mul", grad, g.scalar_like(0.5, grad)))
+
+    fast, _ = sessions(tmp_path, "mlp", HalfSGD(lr=0.05))
+    assert fast._fused is None and fast.artifact.fused is None
+    x, y = batch_for("mlp", BATCH)
+    before = fast.parameters()["fc2.bias"].copy()
+    fast.train_step(x, y)
+    assert not np.array_equal(fast.parameters()["fc2.bias"], before)
