@@ -73,36 +73,61 @@ class CrossEntropyLoss(ILoss):
         return TensorInfo(np.dtype("int64"), shape[:1] + shape[2:])
 
     def build(self, g: GradContext, prediction: str, target: str) -> str:
-        logp = _log_probabilities(g, prediction)
-        shape = g.shape(logp)
-        n_classes = shape[1]
-        dtype = g.dtype(logp)
-        onehot = g.op(
-            "OneHot",
+        if len(g.shape(prediction)) == 2:  # [n, c] logits: one fused op (and one for its gradient)
+            attrs = {"reduction": self.reduction, "label_smoothing": self.label_smoothing}
+            if self.ignore_index is not None:
+                attrs["ignore_index"] = self.ignore_index
+            return g.private("SoftmaxCrossEntropy", _logits(g, prediction), target, name="loss", **attrs)
+        return cross_entropy_graph(
+            g,
+            _log_probabilities(g, prediction),
             target,
-            g.const(np.asarray(n_classes, np.int64), hint="n_classes"),
-            g.const(np.asarray([0, 1], dtype), hint="onehot_values"),
-            axis=1,
+            self.reduction,
+            self.label_smoothing,
+            self.ignore_index,
         )
-        if self.label_smoothing:
-            eps = self.label_smoothing
-            onehot = g.op(
-                "Add",
-                g.op("Mul", onehot, g.scalar_like(1.0 - eps, logp)),
-                g.scalar_like(eps / n_classes, logp),
-            )
-        nll = g.op("Neg", g.op("ReduceSum", g.op("Mul", onehot, logp), g.ints([1]), keepdims=0))
-        if self.ignore_index is None:
-            return self._reduce(g, nll)
-        keep = g.op(
-            "Cast",
-            g.op("Not", g.op("Equal", target, g.const(np.asarray(self.ignore_index, np.int64)))),
-            to=onnx_type(dtype),
+
+
+def cross_entropy_graph(
+    g: GradContext, logp: str, target: str, reduction: str, label_smoothing: float, ignore_index: int | None
+) -> str:
+    """Cross-entropy in standard ops, from log-probabilities [n, c, ...] and class labels [n, ...]: the fused
+    SoftmaxCrossEntropy's ONNX function body, and the loss itself for per-position classes."""
+    n_classes, dtype = g.shape(logp)[1], g.dtype(logp)
+    onehot = g.op(
+        "OneHot",
+        target,
+        g.const(np.asarray(n_classes, np.int64), hint="n_classes"),
+        g.const(np.asarray([0, 1], dtype), hint="onehot_values"),
+        axis=1,
+    )
+    if label_smoothing:
+        onehot = g.op(
+            "Add",
+            g.op("Mul", onehot, g.scalar_like(1.0 - label_smoothing, logp)),
+            g.scalar_like(label_smoothing / n_classes, logp),
         )
-        total = g.op("ReduceSum", g.op("Mul", nll, keep), keepdims=0)
-        if self.reduction == "sum":
-            return g.op("Identity", total, name="loss")
-        return g.op("Div", total, g.op("ReduceSum", keep, keepdims=0), name="loss")
+    nll = g.op("Neg", g.op("ReduceSum", g.op("Mul", onehot, logp), g.ints([1]), keepdims=0))
+    if ignore_index is None:
+        return g.op("ReduceMean" if reduction == "mean" else "ReduceSum", nll, keepdims=0, name="loss")
+    keep = g.op(
+        "Cast",
+        g.op("Not", g.op("Equal", target, g.const(np.asarray(ignore_index, np.int64)))),
+        to=onnx_type(dtype),
+    )
+    total = g.op("ReduceSum", g.op("Mul", nll, keep), keepdims=0)
+    if reduction == "sum":
+        return g.op("Identity", total, name="loss")
+    return g.op("Div", total, g.op("ReduceSum", keep, keepdims=0), name="loss")
+
+
+def _logits(g: GradContext, prediction: str) -> str:
+    """The logits under the model output: its Softmax/LogSoftmax input when it has one over axis 1."""
+    producer = g.graph.producers().get(prediction)
+    if producer is not None and producer.op_type in ("Softmax", "LogSoftmax"):
+        if g.attr(producer, "axis") % len(g.shape(prediction)) == 1:
+            return producer.inputs[0]
+    return prediction
 
 
 def _log_probabilities(g: GradContext, prediction: str) -> str:

@@ -79,3 +79,37 @@ def test_a_custom_optimizer_runs_its_graph(tmp_path):
     before = fast.parameters()["fc2.bias"].copy()
     fast.train_step(x, y)
     assert not np.array_equal(fast.parameters()["fc2.bias"], before)
+
+
+@pytest.mark.parametrize(
+    "loss",
+    [
+        et.CrossEntropyLoss(label_smoothing=0.1),
+        et.CrossEntropyLoss(ignore_index=-100),
+        et.CrossEntropyLoss(reduction="sum", ignore_index=3, label_smoothing=0.2),
+    ],
+    ids=["smoothing", "ignore", "sum-ignore-smoothing"],
+)
+def test_fused_cross_entropy_follows_its_standard_op_body_in_onnxruntime(tmp_path, loss):
+    """The fused softmax cross-entropy and its gradient kernel against onnxruntime running the training step
+    with their ONNX function bodies (the unfused standard ops): losses and parameters over 3 steps."""
+    import onnxruntime as ort
+
+    art = et.convert(MODELS["mlp"][0](), loss=loss, optimizer=et.SGD(lr=0.02, momentum=0.9), batch_size=BATCH)
+    assert any(n.op_type == "SoftmaxCrossEntropy" for n in art.graph.nodes)
+    art.save(tmp_path / "m.etrain")
+    sess = et.TrainingSession(tmp_path / "m.etrain")
+    osess = ort.InferenceSession(art.training_onnx().SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in osess.get_outputs()]
+    x, y = batch_for("mlp", BATCH)
+    y = y.copy()
+    y[:2] = -100 if loss.ignore_index == -100 else y[:2]  # rows the loss leaves out
+    state = {k: np.array(v) for k, v in art.initial.items()}
+    lr = np.asarray(0.02, np.float32)
+    for step in range(3):
+        out = dict(zip(names, osess.run(None, {"input": x, art.target: y, art.lr: lr, **state})))
+        state = {k: out[v] for k, v in art.updates.items()}
+        assert sess.train_step(x, y) == pytest.approx(float(out[art.loss]), rel=1e-5, abs=1e-6), step
+    for name, value in sess.parameters().items():
+        ref = state[name]
+        np.testing.assert_allclose(value, ref, rtol=1e-4, atol=1e-5 * np.abs(ref).max(), err_msg=name)

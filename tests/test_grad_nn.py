@@ -36,6 +36,9 @@ CONV_CASES = {
     "2d_dilations_group2": ((2, 4, 7, 6), (6, 2, 3, 3), {"group": 2, "dilations": [2, 1], "strides": [1, 2]}),
     "depthwise_mult2": ((2, 3, 6, 6), (6, 1, 3, 3), {"group": 3, "pads": [1, 1, 1, 1]}),
     "depthwise_stride2": ((1, 4, 7, 7), (4, 1, 3, 3), {"group": 4, "strides": [2, 2], "pads": [0, 1, 1, 0]}),
+    # many channels over a few pixels: the depthwise kernels' channels-last layout (a row per position)
+    "depthwise_wide": ((2, 40, 3, 3), (40, 1, 3, 3), {"group": 40, "pads": [1, 1, 1, 1]}),
+    "depthwise_wide_mult2_s2": ((1, 20, 4, 4), (40, 1, 3, 3), {"group": 20, "strides": [2, 2], "pads": [1, 1, 1, 1]}),
     "same_upper_dil": (
         (2, 2, 7, 6),
         (3, 2, 3, 3),

@@ -96,6 +96,17 @@ CONV_KERNEL = {
 }
 # (C_in, C_out, group): plain, grouped, depthwise, depthwise with channel multiplier
 CONV_GROUPS = {"g1": (3, 4, 1), "g2": (4, 6, 2), "dw": (4, 4, 4), "dw_mult2": (3, 6, 3)}
+
+
+@pytest.mark.parametrize("mult", [1, 2])
+@pytest.mark.parametrize("strides", [[1, 1], [2, 2]])
+def test_depthwise_conv_many_channels_few_pixels_vs_onnxruntime(mult, strides):
+    """Late mobile-net layers (hundreds of channels over a few pixels) take the depthwise kernel's channels-last
+    layout; batches of 1 and 3, with a bias."""
+    rng = np.random.default_rng(mult * 10 + strides[0])
+    for n in (1, 3):
+        x, w, b = _rand(rng, (n, 48, 3, 4)), _rand(rng, (48 * mult, 1, 3, 3)), _rand(rng, (48 * mult,))
+        _check("Conv", [x, w, b], {"group": 48, "pads": [1, 1, 1, 1], "strides": strides})
 CONV_CASES = [
     (nd, geo, grp)
     for nd in (1, 2, 3)

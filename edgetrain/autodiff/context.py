@@ -152,5 +152,7 @@ class GradContext:
             return x
         lead = len(xs) - len(shape)
         axes = list(range(lead)) + [lead + k for k, d in enumerate(shape) if d == 1 and xs[lead + k] != 1]
+        if axes and tuple(d for k, d in enumerate(xs) if k not in axes) == shape:  # one node: a bias gradient
+            return self.op("ReduceSum", x, self.ints(axes), keepdims=0)
         y = self.op("ReduceSum", x, self.ints(axes), keepdims=1) if axes else x
         return self.reshape(y, shape)

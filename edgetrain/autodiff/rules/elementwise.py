@@ -11,6 +11,7 @@ from ...ir import Node
 from ...runtime.kernels.cast import NUMPY_TO_ONNX
 from ..context import GradContext
 from ..driver import grad
+from ..functions import body
 
 Grads = list[str | None]  # one gradient name (or None) per output / input
 
@@ -199,8 +200,13 @@ def _pow_slope(g: GradContext, x: str, p: str) -> str | None:
 # y = max(x, 0): dx = dy * [y > 0] (0 at x = 0, as pytorch); reads y so x may die after the forward
 @grad("Relu")
 def relu_grad(g: GradContext, node: Node, dys: Grads, needs: list[bool]) -> Grads:
-    y = node.outputs[0]
-    return [g.op("Mul", dys[0], _mask(g, "Greater", y, _c(g, 0.0, y), y))]
+    return [g.private("ReluGrad", dys[0], node.outputs[0])]
+
+
+@body("ReluGrad")
+def _relu_grad_body(g: GradContext, node: Node) -> list[str]:
+    dy, y = node.inputs
+    return [g.op("Mul", dy, _mask(g, "Greater", y, _c(g, 0.0, y), y))]
 
 
 # y = x if x > alpha else 0: dx = dy * [x > alpha]

@@ -11,6 +11,7 @@ from ...ir import Node
 from ...runtime.kernels.cast import NUMPY_TO_ONNX
 from ..context import GradContext
 from ..driver import grad
+from ..functions import body
 
 Grads = list[str | None]
 
@@ -116,6 +117,52 @@ def log_softmax_grad(g: GradContext, node: Node, dys: Grads, needs: list[bool]) 
     y, dy = node.outputs[0], dys[0]
     s = g.op("ReduceSum", dy, g.ints([g.attr(node, "axis")]), keepdims=1)
     return [g.op("Sub", dy, g.op("Mul", g.op("Exp", y), s))]
+
+
+# the fused softmax cross-entropy (losses.CrossEntropyLoss on [n, c] logits): d x = dloss * (softmax(x) - w) / N
+# with w the (smoothed) one-hot target and N the rows counted; in one fused op
+@grad("SoftmaxCrossEntropy")
+def softmax_cross_entropy_grad(g: GradContext, node: Node, dys: Grads, needs: list[bool]) -> Grads:
+    x, target = node.inputs
+    return [g.private("SoftmaxCrossEntropyGrad", x, target, dys[0], **node.attrs), None]
+
+
+@body("SoftmaxCrossEntropy")
+def _softmax_cross_entropy_body(g: GradContext, node: Node) -> list[str]:
+    from ...losses import cross_entropy_graph
+
+    x, target = node.inputs
+    a = node.attrs
+    logp = g.op("LogSoftmax", x, axis=1)
+    return [
+        cross_entropy_graph(
+            g, logp, target, a.get("reduction", "mean"), a.get("label_smoothing", 0.0), a.get("ignore_index")
+        )
+    ]
+
+
+@body("SoftmaxCrossEntropyGrad")
+def _softmax_cross_entropy_grad_body(g: GradContext, node: Node) -> list[str]:
+    x, target, dloss = node.inputs
+    a = node.attrs
+    n, c = g.shape(x)
+    dtype = g.dtype(x)
+    w = g.op("OneHot", target, g.const(np.asarray(c, np.int64)), g.const(np.asarray([0, 1], dtype)), axis=1)
+    eps = a.get("label_smoothing", 0.0)
+    if eps:
+        w = g.op("Add", g.op("Mul", w, g.scalar_like(1.0 - eps, x)), g.scalar_like(eps / c, x))
+    d = g.op("Sub", g.op("Softmax", x, axis=1), w)
+    count = g.scalar_like(float(n), x)
+    if a.get("ignore_index") is not None:
+        keep = g.op(
+            "Cast",
+            g.op("Not", g.op("Equal", target, g.const(np.asarray(a["ignore_index"], np.int64)))),
+            to=int(NUMPY_TO_ONNX[np.dtype(dtype)]),
+        )
+        d = g.op("Mul", d, g.op("Unsqueeze", keep, g.ints([1])))
+        count = g.op("ReduceSum", keep, keepdims=0)
+    scale = dloss if a.get("reduction", "mean") == "sum" else g.op("Div", dloss, count)
+    return [g.op("Mul", d, scale)]
 
 
 # -------------------------------------------------------------------------------- reductions

@@ -9,7 +9,7 @@ import numpy as np
 
 from ...errors import ShapeError, UnsupportedError
 from ._util import _arr, _unary
-from .registry import kernel
+from .registry import PRIVATE_DOMAIN, kernel
 
 # ----------------------------------------------------------------------------------------------------------
 # helpers
@@ -179,6 +179,13 @@ def erf(x: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
 @kernel("Relu", inplace=True)
 def relu(x: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
     return _arr(np.maximum(x, 0, out=out))
+
+
+@kernel("ReluGrad", domain=PRIVATE_DOMAIN, inplace=(0,))
+def relu_grad(dy: np.ndarray, y: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
+    """dy * [y > 0], the gradient of Relu from its output, in one call (the step graph spells it Greater, Cast,
+    Mul: the same products, dy times 1.0 or 0.0)."""
+    return _arr(np.multiply(dy, np.greater(y, 0), out=out))
 
 
 def _leaky_relu_body(x, out, alpha):

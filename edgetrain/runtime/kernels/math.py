@@ -8,7 +8,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ...errors import ModelError, ShapeError, UnsupportedError
-from .registry import inference_dropout, kernel, noop_reduction
+from .registry import PRIVATE_DOMAIN, inference_dropout, kernel, noop_reduction
 
 # -------------------------------------------------------------------------------- helpers
 
@@ -62,7 +62,13 @@ def _matmul(op: str, a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> np
         if a.dtype == np.float16 and b.dtype == np.float16:
             # numpy's float16 matmul has no BLAS path and accumulates in float16: go through float32.
             return _store(np.asarray(np.matmul(a.astype(np.float32), b.astype(np.float32))), a.dtype, out)
-        if a.ndim == 2 and b.ndim == 2 and a.dtype == b.dtype and a.dtype.kind == "f" and a.dtype.itemsize >= 4:
+        if (
+            a.ndim == 2
+            and b.ndim == 2
+            and a.dtype == b.dtype
+            and a.dtype.kind == "f"
+            and a.dtype.itemsize >= 4
+        ):
             # np.dot goes to BLAS gemm for every 2-D layout; np.matmul does not for some (an outer product, k=1,
             # is 5-7x slower through it): the same products either way
             if out is None or (out.flags.c_contiguous and out.dtype == a.dtype):
@@ -137,6 +143,62 @@ def log_softmax(x: np.ndarray, *, axis: int = -1, out: np.ndarray | None = None)
     y, ax = _shifted("LogSoftmax", x, axis, out)
     y -= np.log(_sum(np.exp(y), (ax,), True))
     return _store(y, x.dtype, out)
+
+
+def _ce_weights(target: np.ndarray, c: int, dtype, label_smoothing: float, ignore_index) -> tuple:
+    """(the smoothed one-hot target rows [n, c], the kept rows as 0/1 or None) of a cross-entropy."""
+    n = target.shape[0]
+    keep = None if ignore_index is None else (target != ignore_index)
+    idx = target if keep is None else np.where(keep, target, 0)
+    w = np.zeros((n, c), dtype)
+    w[np.arange(n), idx] = 1
+    if label_smoothing:
+        w *= dtype.type(1.0 - label_smoothing)
+        w += dtype.type(label_smoothing / c)
+    return w, None if keep is None else keep.astype(dtype)
+
+
+@kernel("SoftmaxCrossEntropy", domain=PRIVATE_DOMAIN)
+def softmax_cross_entropy(
+    x: np.ndarray,
+    target: np.ndarray,
+    *,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+    ignore_index: int | None = None,
+) -> np.ndarray:
+    """The cross-entropy of logits x [n, c] against class labels [n] as CrossEntropyLoss builds it in standard ops
+    (log-softmax, smoothed one-hot, the rows an ignore_index leaves out), in a few numpy calls."""
+    logp = log_softmax(x, axis=1)
+    w, keep = _ce_weights(target, x.shape[1], logp.dtype, label_smoothing, ignore_index)
+    nll = -np.einsum("nc,nc->n", w, logp)
+    if keep is None:
+        total = nll.sum(dtype=nll.dtype)
+        return np.asarray(total / nll.dtype.type(len(nll)) if reduction == "mean" else total, x.dtype)
+    total = np.dot(nll, keep)
+    return np.asarray(total / keep.sum(dtype=keep.dtype) if reduction == "mean" else total, x.dtype)
+
+
+@kernel("SoftmaxCrossEntropyGrad", domain=PRIVATE_DOMAIN)
+def softmax_cross_entropy_grad(
+    x: np.ndarray,
+    target: np.ndarray,
+    dloss: np.ndarray,
+    *,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+    ignore_index: int | None = None,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
+    """d loss / d x = dloss * (softmax(x) - smoothed one-hot) / (rows counted), left-out rows 0."""
+    p = np.exp(log_softmax(x, axis=1))
+    w, keep = _ce_weights(target, x.shape[1], p.dtype, label_smoothing, ignore_index)
+    np.subtract(p, w, out=p)
+    count = len(p) if keep is None else keep.sum(dtype=p.dtype)
+    scale = np.asarray(dloss, p.dtype) / (p.dtype.type(count) if reduction == "mean" else p.dtype.type(1))
+    if keep is not None:
+        p *= keep[:, None]
+    return _store(np.multiply(p, scale, out=p), x.dtype, out)
 
 
 @kernel("Hardmax")

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ...errors import ShapeError
+from . import depthwise
 from .nn import (
     IM2COL_BUDGET,
     avg_divisor,
@@ -105,6 +106,11 @@ def conv_grad_input(
     if kk == 1 and oshape == sp and not any(p):  # pointwise: dX = W^T @ dY per group, no columns
         dx = np.matmul(wt, dy.astype(ct, copy=False).reshape(n, group, mg, -1))
         return deliver(dx.reshape((n, c) + sp), None, dy.dtype)
+    if cg == 1:  # depthwise: multiply-adds over the kernel offsets (4-8x faster than these columns)
+        dx = depthwise.grad_input(
+            dy.astype(ct, copy=False), w.astype(ct, copy=False), c, sp, p, s, d, IM2COL_BUDGET
+        )
+        return deliver(dx, None, dy.dtype)
     dx = np.empty((n, c) + sp, ct)
     chunk = _chunk(n, c * kk * int(np.prod(oshape)), ct.itemsize)
     inner = (slice(None),) + tuple(slice(p[i], p[i] + sp[i]) for i in range(len(sp)))
@@ -148,6 +154,8 @@ def conv_grad_weight(
         dyg = dy.reshape(n, group, m // group, -1)
         dw = np.matmul(dyg, x.reshape(n, group, c // group, -1).transpose(0, 1, 3, 2)).sum(axis=0)
         db = (dy.reshape(n, m, -1) @ np.ones(dyg.shape[-1], ct)).sum(axis=0) if noutputs > 1 else None
+    elif c == group:  # depthwise (or one input channel): multiply-adds over the kernel offsets
+        dw, db = depthwise.grad_weight(dy, x, k, p, s, d, noutputs > 1, IM2COL_BUDGET)
     else:
         dw, db = _weight_grad_columns(dy, x, group, k, oshape, p, s, d, ext, noutputs > 1)
     dw = deliver(dw.reshape((m, c // group) + k), None, dtype)

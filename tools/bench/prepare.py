@@ -1,0 +1,237 @@
+"""Build side of the benchmark (the parent process; needs onnx, and torch for the PyTorch peer and the torchvision
+models): a Config -> a folder of files every runtime reads (the ONNX model, the batch, edgetrain's artifact, the
+pickled PyTorch module) and a case dict: the workers' spec plus the facts the report needs (FLOPs per step,
+parameter counts, artifact bytes, edgetrain's planned memory).
+
+Every runtime starts from the same initial weights: the ONNX initializers. The PyTorch module gets them copied in,
+and onnxruntime-training's artifacts are generated from the same ONNX file (tools/bench/ort_artifacts.py)."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from configs import EPOCH_SAMPLES, LR, MOMENTUM, WEIGHT_DECAY, Config
+from onnx import numpy_helper
+
+import edgetrain as et
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))  # the test suite's models and exports are the benchmark's models
+
+
+def prepare(c: Config, work: Path, *, with_torch: bool) -> dict[str, Any]:
+    """Writes the files for configuration c under work/c.name; returns its case (spec + facts)."""
+    d = work / c.name
+    d.mkdir(parents=True, exist_ok=True)
+    model_path, module, heads = _model(c, d, work, with_torch)
+    x, y = _data(c)
+    np.save(d / "x.npy", x)
+    np.save(d / "y.npy", y)
+    onnx_head, torch_head = heads
+    art = et.convert(
+        str(model_path),
+        loss=et.CrossEntropyLoss(),
+        optimizer=et.SGD(lr=LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY),
+        trainable=sorted(onnx_head) if c.head_only else None,
+        batch_size=c.batch,
+    )
+    etrain = d / "model.etrain"
+    case = {
+        "config": c.name,
+        "kind": "epoch" if c.epoch else "step",
+        "batch": c.batch,
+        "warmup": c.warmup,
+        "steps": c.steps,
+        "lr": LR,
+        "momentum": MOMENTUM,
+        "weight_decay": WEIGHT_DECAY,
+        "x": str(d / "x.npy"),
+        "y": str(d / "y.npy"),
+        "edgetrain": str(etrain),
+        "torchvision": c.family == "torchvision",
+        "onnx": str(model_path),
+        "trainable": list(art.parameters),
+        "frozen": list(art.frozen),
+    }
+    facts = {"edgetrain_bytes": art.save(etrain), **_memory(art, etrain), **_counts(art)}
+    facts.update(step_flops(model_path, c.batch, set(art.parameters)))
+    if module is not None:
+        case.update(_torch_files(c, d, module, sorted(torch_head) if c.head_only else None, x))
+        facts["torch_bytes"] = Path(case["torch_state"]).stat().st_size
+    case["facts"] = facts
+    return case
+
+
+# ---- models ---------------------------------------------------------------------------------------------------
+def _model(c: Config, d: Path, work: Path, with_torch: bool):
+    """(ONNX path, torch module holding the ONNX weights or None, (head ONNX names, head torch names))."""
+    if c.family in ("mlp", "lenet"):
+        import models
+
+        proto = models.MODELS[c.model][0]()
+        path = d / "model.onnx"
+        onnx.save(proto, path)
+        module = None
+        if with_torch:
+            from torch_models import torch_model
+
+            weights = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
+            module = torch_model(c.model, weights)
+        return path, module, (set(), set())
+    e = _export(c.model, str(work / "exports"), c.batch)
+    head = e.head()
+    torch_head = {t for t in e.names if t.startswith(head + ".")}
+    return e.path, _with_onnx_weights(e), (e.onnx_names(head), torch_head)
+
+
+@functools.cache
+def _export(model: str, directory: str, batch: int):
+    """The torchvision classifier exported as users export it: TorchScript exporter, TrainingMode.EVAL (BatchNorm
+    folded into the convolutions), a fixed batch. Shared by the full and head-only configurations."""
+    import exports
+
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    return exports.export(model, directory, exporter="torchscript", mode="eval", batch=batch)
+
+
+def _with_onnx_weights(e):
+    """The module whose parameters the export holds (the BatchNorm-folded fx GraphModule), in float32 with exactly
+    the ONNX initial values (torch's own fold differs from the exporter's in the last bits)."""
+    import torch
+
+    inits = {t.name: numpy_helper.to_array(t) for t in e.onnx().graph.initializer}
+    params = dict(e.reference.named_parameters())
+    with torch.no_grad():
+        for t_name, o_name in e.names.items():
+            value = inits[o_name].T if t_name in e.transposed else inits[o_name]
+            params[t_name].copy_(torch.from_numpy(np.array(value)))  # a writable copy
+    return e.reference.eval()
+
+
+def _data(c: Config) -> tuple[np.ndarray, np.ndarray]:
+    """The batch every runtime trains on (the epoch: EPOCH_SAMPLES samples), seeded."""
+    if c.family in ("mlp", "lenet"):
+        from models import batch_for
+
+        return batch_for(c.model, c.batch)
+    rng = np.random.default_rng(2 if c.epoch else 1)
+    n = EPOCH_SAMPLES if c.epoch else c.batch
+    return rng.standard_normal((n, 3, 64, 64)).astype(np.float32), rng.integers(0, 10, n).astype(np.int64)
+
+
+# ---- PyTorch ------------------------------------------------------------------------------------------------
+def _torch_files(c: Config, d: Path, module, trainable: list[str] | None, x: np.ndarray) -> dict[str, Any]:
+    """Pickles the module (or, for the epoch, its frozen body and its head) for the worker, and its state_dict as a
+    PyTorch user would ship it (the artifact-size comparison)."""
+    import torch
+
+    files = {"torch_trainable": trainable, "torch_state": str(d / "torch_state.pt")}
+    torch.save(module.state_dict(), files["torch_state"])
+    if c.epoch:
+        body, head = split_head(module, trainable, torch.from_numpy(x[: c.batch]))
+        files["torch"] = str(d / "torch_body_head.pt")
+        torch.save((body, head), files["torch"])
+    else:
+        files["torch"] = str(d / "torch_module.pt")
+        torch.save(module, files["torch"])
+    return files
+
+
+def split_head(net, trainable: list[str], x):
+    """(body, head) of an fx GraphModule: the body is a copy whose head modules (those holding the trainable
+    parameters) are identities, the head those modules in call order, so head(body(x)) == net(x). PyTorch's
+    head-only epoch runs the body under no_grad, as a PyTorch user would."""
+    import copy
+
+    import torch
+
+    heads = {
+        name.split(".")[0] for name in trainable
+    }  # "classifier.1.weight" -> the classifier and its Dropout
+    leaves = [n.target for n in net.graph.nodes if n.op == "call_module" and n.target.split(".")[0] in heads]
+    head = torch.nn.Sequential(*[copy.deepcopy(net.get_submodule(t)) for t in leaves])
+    body = copy.deepcopy(net)
+    for target in leaves:
+        parent, _, leaf = target.rpartition(".")
+        setattr(body.get_submodule(parent), leaf, torch.nn.Identity())
+    with torch.no_grad():
+        assert torch.allclose(head(body(x)), net(x), rtol=1e-5, atol=1e-6), (
+            "the body/head split changed the model"
+        )
+    return body.eval(), head.eval()
+
+
+# ---- facts --------------------------------------------------------------------------------------------------
+def _memory(art, etrain: Path) -> dict[str, int | None]:
+    """edgetrain's planned memory: the arena (activations, gradients, temporaries) plus the parameters and optimizer
+    state the session owns - the true planned peak, set beside the measured RSS."""
+    params = sum(art.initial[p].nbytes for p in art.parameters)
+    state = sum(art.initial[s].nbytes for s in art.state)
+    frozen = sum(v.nbytes for k, v in art.inference.initializers.items() if k not in art.parameters)
+    plan = getattr(et.TrainingSession(etrain).artifact, "plan", None)
+    arena = getattr(plan, "arena_size", None)
+    return {
+        "edgetrain_arena_bytes": arena,
+        "edgetrain_params_bytes": params,
+        "edgetrain_state_bytes": state,
+        "edgetrain_frozen_bytes": frozen,
+        "edgetrain_planned_peak_bytes": None if arena is None else arena + params + state + frozen,
+    }
+
+
+def _counts(art) -> dict[str, int]:
+    floats = [v for v in art.inference.initializers.values() if v.dtype.kind == "f"]
+    return {
+        "parameters": int(sum(v.size for v in floats)),
+        "trainable_parameters": int(sum(art.initial[p].size for p in art.parameters)),
+    }
+
+
+_MATMUL_LIKE = {"Conv", "Gemm", "MatMul"}
+
+
+def step_flops(model_path: Path, batch: int, trainable: set[str]) -> dict[str, int]:
+    """FLOPs of the convolutions and matrix products of one forward pass, and of one training step: each product
+    costs its forward once more for every operand that needs a gradient (a trainable parameter, or an activation
+    downstream of one), so a full fine-tuning step is ~3x the forward and a frozen body costs its forward only."""
+    g = et.import_model(str(model_path), batch_size=batch)
+    tainted = set(trainable)  # values that depend on a trainable parameter
+    forward = step = 0
+    for n in g.nodes:
+        if n.op_type in _MATMUL_LIKE:
+            f = _node_flops(g, n)
+            forward += f
+            step += f * (1 + sum(1 for v in n.inputs[:2] if v in tainted))
+        if any(v in tainted for v in n.inputs):
+            tainted.update(n.outputs)
+    return {"forward_flops": int(forward), "step_flops": int(step)}
+
+
+def _node_flops(g, n) -> int:
+    """2 x multiply-adds of one Conv, Gemm or MatMul."""
+    out = g.values[n.outputs[0]].shape
+    if n.op_type == "Conv":
+        w = g.values[n.inputs[1]].shape
+        return 2 * int(np.prod(out)) * int(np.prod(w[1:]))
+    a = g.values[n.inputs[0]].shape
+    k = a[-2] if n.op_type == "Gemm" and n.attrs.get("transA", 0) else a[-1]
+    return 2 * int(np.prod(out)) * int(k)
+
+
+def logits_model(model_path: Path, out: Path) -> Path:
+    """The model without a final Softmax, for onnxruntime-training, whose cross-entropy takes logits. edgetrain's
+    CrossEntropyLoss reads the logits under a final Softmax itself, and PyTorch's LeNet has none: the same loss."""
+    proto = onnx.load(str(model_path))
+    g = proto.graph
+    last = next((n for n in g.node if g.output[0].name in n.output), None)
+    if last is None or last.op_type != "Softmax":
+        return model_path
+    g.node.remove(last)
+    g.output[0].name = last.input[0]
+    onnx.save(proto, out)
+    return out
