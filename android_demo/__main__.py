@@ -44,7 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--max-seconds", type=float, help="seconds at most (default: the home's setting)")
     c.add_argument("--lr", type=float, help="learning rate (default: the artifact's)")
     c.add_argument("--batch-size", type=int, help="samples per step (default and most: the artifact's batch)")
-    c.add_argument("--threads", type=int, dest="command_threads", help="threads for numpy's BLAS (as --threads)")
+    c.add_argument(
+        "--threads", type=int, dest="command_threads", help="threads for numpy's BLAS (as --threads)"
+    )
     c.add_argument("--force", action="store_true", help="run even when the policy says not now")
     c.add_argument("--json", action="store_true", help="print one JSON line")
 
@@ -64,7 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--steps", type=int, default=25, help="steps per burst at most (default 25)")
     c.add_argument("--quick", action="store_true", help="a short run (20 samples, two bursts of 5 steps)")
     c.add_argument("--json", action="store_true", help="print one JSON line instead of the table")
-    c.add_argument("--threads", type=int, dest="command_threads", help="threads for numpy's BLAS (as --threads)")
+    c.add_argument(
+        "--threads", type=int, dest="command_threads", help="threads for numpy's BLAS (as --threads)"
+    )
     return p
 
 
@@ -162,7 +166,8 @@ def _burst_text(r) -> str:
     verdict = (
         f"kept as version {r.model_version}" if r.kept else f"rolled back (version {r.model_version} stays)"
     )
-    return f"{r.steps} steps in {r.seconds:.2f} s; {acc}; {verdict}\n  {r.reason}"
+    text = f"{r.steps} steps in {r.seconds:.2f} s; {acc}; {verdict}\n  {r.reason}"
+    return text + (f"\n  feature cache {r.feature_cache}" if r.feature_cache.startswith("on") else "")
 
 
 def _status_text(st: dict) -> str:

@@ -53,6 +53,8 @@ DEFAULTS = {
     "batch_size": None,  # None: the artifact's batch; smaller ones are padded (needs a loss with ignore_index)
     "val_fraction": 0.2,  # share of the samples held out to judge a burst (by a stable hash of the sample id)
     "policy": "always",  # when a burst may run: always, charging, charging-idle (see policy.py)
+    # memory for the frozen part's results per sample (when only part of the model trains), kept across bursts
+    "feature_cache_mb": 16.0,
 }
 
 
@@ -76,9 +78,20 @@ class BurstResult:
     losses: list[float] = field(default_factory=list)
     train_samples: int = 0
     val_samples: int = 0
+    feature_cache: str = ""  # whether the frozen part's results came from the cache, in a sentence
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), allow_nan=False)
+
+
+def _cache_sentence(info: dict[str, Any]) -> str:
+    if not info["enabled"]:
+        return f"off: {info['reason']}"
+    seen = info["hits"] + info["misses"]
+    return (
+        f"on: {info['hits']} of {seen} samples' frozen-part results came from the cache "
+        f"({info['samples']} samples cached, {info['bytes'] / 2**20:.2f} MiB)"
+    )
 
 
 def _json_number(v: float | None) -> float | None:
@@ -98,6 +111,7 @@ class Home:
                 f"`python -m android_demo --home {os.fspath(path)} init --artifact MODEL.etrain`"
             )
         self._lock = threading.RLock()  # bursts and settings
+        self._feature_rows = None  # the frozen part's cached results, handed from burst to burst
         self._cache_lock = threading.Lock()  # the cached inference session: predictions go on during a burst
         self.settings = {**DEFAULTS, **self._read_json(SETTINGS, {})}
         self._session_cache: tuple[int, et.TrainingSession] | None = None
@@ -313,6 +327,13 @@ class Home:
         if lr is not None or self.settings["lr"] is not None:
             sess.lr = float(lr if lr is not None else self.settings["lr"])
         batch, real = self._batch_sizes(sess, batch_size)
+        mb = self.settings["feature_cache_mb"] or 0
+        if isinstance(mb, bool) or not isinstance(mb, (int, float)) or not math.isfinite(mb) or mb < 0:
+            raise AppError(f"setting feature_cache_mb must be a number of MiB >= 0 (0: off), not {mb!r}")
+        if mb > 0:  # exact; a session of a fully trained model says why there is nothing to cache
+            sess.enable_feature_cache(int(mb * 2**20), rows=self._feature_rows)
+        else:
+            sess.disable_feature_cache("turned off (feature_cache_mb is 0)")
         padding = sess.artifact.header.get("loss", {}).get("ignore_index") is not None
         need = 1 if padding else batch  # without padding, every step needs a whole batch
         with self.store() as store:
@@ -331,6 +352,7 @@ class Home:
                 train, min(real, n_train), shuffle=True, seed=version + 1, drop_last=not padding
             )
             losses, reason = self._train(sess, loader, batch, max_steps, max_seconds, t0, progress)
+            self._feature_rows = sess.feature_rows
             after = (
                 evaluate(sess, val_loader, classification=classification) if not reason else (math.nan, None)
             )
@@ -346,6 +368,7 @@ class Home:
             losses=losses,
             train_samples=n_train,
             val_samples=n_val,
+            feature_cache=_cache_sentence(sess.feature_cache_info()),
         )
         if not reason:
             reason = self._verdict(result, classification)

@@ -108,6 +108,8 @@ class TrainProgress:
                 self._draw(self._bar(self.last))
         elif event == "stop":
             self._print(f"{self.label + ': ' if self.label else ''}stopped: {info['reason']}")
+        elif event == "feature_cache":
+            self._print(f"{self.label + ': ' if self.label else ''}{feature_cache_line(info)}")
 
     def close(self) -> None:
         """Ends the bar's line (keeping the final bar on screen when there were no epoch lines)."""
@@ -130,4 +132,22 @@ def epoch_line(info: dict[str, Any], *, label: str = "") -> str:
     if info.get("val_accuracy") is not None:
         parts.append(f"  val accuracy {percent(info['val_accuracy'])}")
     parts.append(f"  lr {info['lr']:.3g}  {duration(info['seconds'])}")
+    if info.get("feature_cache_hits"):
+        parts.append(f"  ({info['feature_cache_hits']:,} samples' frozen features from the cache)")
     return "".join(parts)
+
+
+def mb(n: float) -> str:
+    """2.50 MiB, 336.0 KiB."""
+    return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 1024:.1f} KiB"
+
+
+def feature_cache_line(info: dict[str, Any]) -> str:
+    """What a TrainingSession.feature_cache_info() means, in a sentence."""
+    if not info.get("enabled"):
+        return f"feature cache off: {info.get('reason') or 'not enabled'}"
+    return (
+        f"feature cache on: the frozen part ({info['prefix_nodes']} of {info['total_nodes']} nodes of the step) "
+        f"runs once per sample; later epochs reuse its results ({mb(info['row_bytes'])} a sample, room for "
+        f"{info['capacity']:,} samples)"
+    )

@@ -134,6 +134,8 @@ class Trainer:
         classification: bool = True,
         keep_best: bool | None = None,
         run_options: Mapping[str, Any] | None = None,
+        feature_cache: bool = True,
+        feature_cache_bytes: int | None = None,
     ):
         if int(epochs) != epochs or epochs < 1:
             raise ValueError(f"epochs must be a positive integer, got {epochs!r}")
@@ -171,6 +173,7 @@ class Trainer:
         if self.keep_best and self.checkpoint is not None:
             root, ext = os.path.splitext(self.checkpoint)
             self.best_checkpoint = f"{root}.best{ext or '.etck'}"
+        self.feature_cache = self._setup_feature_cache(feature_cache, feature_cache_bytes)
         self._reset()
 
     # ---- checks ------------------------------------------------------------------------------------------------
@@ -213,6 +216,21 @@ class Trainer:
                 f"batch would be short: make the loader with drop_last=True"
             )
 
+    def _setup_feature_cache(self, wanted: bool, max_bytes: int | None) -> dict[str, Any]:
+        """Turns the session's frozen-prefix feature cache on when it is valid for this run (see
+        TrainingSession.enable_feature_cache); returns what fit() tells the user about it."""
+        session, loader = self.session, self.train_loader
+        if not wanted:
+            session.disable_feature_cache("turned off")
+        elif loader.transform is not None:
+            session.disable_feature_cache(
+                "the train loader has a per-sample transform (augmentation): a sample's data differs each time "
+                "it is seen, so the frozen part's results cannot be reused"
+            )
+        elif not session.feature_cache_info()["enabled"]:  # a session that has one (e.g. shared) keeps it
+            session.enable_feature_cache(max_bytes)
+        return session.feature_cache_info()
+
     # ---- state -------------------------------------------------------------------------------------------------
     def _reset(self) -> None:
         self.epoch = 0  # epochs completed
@@ -225,6 +243,7 @@ class Trainer:
         self.history: list[dict[str, Any]] = []
         self._loss_sum, self._loss_n = 0.0, 0  # running train loss of the current epoch
         self._epoch_seconds = 0.0
+        self._cache_hits = self.session.feature_cache_info().get("hits", 0)
 
     def _user_state(self) -> dict[str, Any]:
         return {
@@ -388,6 +407,7 @@ class Trainer:
             open(self.history_path, "w", encoding="utf-8").close()  # a fresh run starts a fresh history
         session, loader = self.session, self.train_loader
         batches = len(loader)
+        self._emit({"event": "feature_cache", **session.feature_cache_info()})
         while self.epoch < self.epochs:
             t0 = time.perf_counter()
             epoch_of_loader = loader.epoch
@@ -503,6 +523,10 @@ class Trainer:
             "lr": lr,
             "seconds": round(seconds, 6),
         }
+        cache = self.session.feature_cache_info()
+        if cache["enabled"]:  # samples of the epoch whose frozen part came from the cache
+            record["feature_cache_hits"] = cache["hits"] - self._cache_hits
+            self._cache_hits = cache["hits"]
         value = record[self.metric]
         if value is not None:
             if self._improved(value):

@@ -90,6 +90,14 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--log", help="write the history (one JSON line per epoch) to this file")
     t.add_argument("--seed", type=int, help="shuffling and --val-split seed (default 0)")
     t.add_argument("--no-shuffle", action="store_true", default=None, help="keep the data's order")
+    t.add_argument(
+        "--feature-cache-mb",
+        type=float,
+        default=64.0,
+        metavar="MB",
+        help="memory for the frozen part's results per sample, reused every epoch when only part of the model "
+        "trains (exact; default 64; 0 turns the cache off)",
+    )
     _data_arguments(t)
     t.set_defaults(run=run_train, parser=t)
 

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import os
 
+from ..progress import mb  # noqa: F401  (the command line's number formatting lives with the progress lines)
+
 
 class UsageError(Exception):
     """Arguments that cannot work together: exit code 2, like argparse's own errors."""
-
-
-def mb(n: float) -> str:
-    return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 1024:.1f} KiB"
 
 
 def plural(n: int, what: str) -> str:

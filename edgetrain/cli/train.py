@@ -197,6 +197,8 @@ def run_train(args: argparse.Namespace) -> int:
         sess.lr = float(sess.artifact.header["optimizer"].get("lr", sess.lr))
     if args.lr is not None:
         sess.lr = args.lr
+    if args.feature_cache_mb < 0:
+        raise UsageError(f"--feature-cache-mb must be 0 (off) or more, not {args.feature_cache_mb:g}")
     batch = session_batch(sess) or 32
     train, val = _loaders(args, sess, batch)
     classification = sess.num_classes is not None
@@ -227,6 +229,8 @@ def run_train(args: argparse.Namespace) -> int:
         progress=bar,
         classification=classification,
         run_options={dest: getattr(args, dest) for dest in RECORDED} | {"data": args.data},
+        feature_cache=args.feature_cache_mb > 0,
+        feature_cache_bytes=int(args.feature_cache_mb * 2**20),
     )
     n_train, n_val = train.view.size(), (val.view.size() if val is not None else 0)
     print(

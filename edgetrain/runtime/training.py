@@ -44,9 +44,11 @@ class TrainingSession:
                 if f["gradients"][p] in f["program"].outputs
             }
             self._step_program = Interpreter(f["program"], plan=f["plan"], bind=bind)
+            self._bind = bind
             self._grad_of = {p: f["gradients"][p] for p in io["parameters"]}
         else:
             self._step_program = Interpreter(art.program, plan=art.plan)
+            self._bind: dict[str, np.ndarray] = {}
             # Parameters and state are owned by the session: writable copies of the file's read-only maps.
             self._values = {k: np.array(v) for k, v in art.initial.items()}
         self._lr = float(art.header["optimizer"].get("lr", 0.0))
@@ -55,6 +57,8 @@ class TrainingSession:
         self._run_programs: dict[tuple, Interpreter] = {}
         self._target_info = art.program.values[io["target"]]
         self._n_classes = self._classes()
+        self._cache = None  # the frozen prefix's feature cache, when enabled
+        self._cache_reason = "not enabled"
 
     def _make_fused(self, art):
         from .fused import FusedOptimizer, fusable
@@ -126,7 +130,7 @@ class TrainingSession:
         A step commits nothing it cannot stand behind: when the loss or any updated parameter or optimizer state is
         not finite, it raises NonFiniteError and the session keeps the parameters and state it had before."""
         feeds = self._feeds(x, y)
-        out = self._step_program.run(feeds)
+        out = self._run_step(feeds)
         results = dict(zip(self._step_program.graph.outputs, out))
         loss = float(results[self._io["loss"]])
         if self._fused is not None:
@@ -147,6 +151,63 @@ class TrainingSession:
             self._values[name] = results[new]
         self.step += 1
         return loss
+
+    # ---- the feature cache ---------------------------------------------------------------------------------------
+    def enable_feature_cache(self, max_bytes: int | None = None, *, rows: Any = None) -> dict[str, Any]:
+        """Caches the frozen prefix's results per sample, when the step has one worth caching: in head-only or
+        partial fine-tuning, a sample seen before then skips the frozen part of the network. Exact: the steps are
+        bit for bit those without the cache (a changed sample has another key; the frozen part never changes).
+        Returns feature_cache_info(): "enabled" and, when off, the "reason". max_bytes bounds the memory (default
+        64 MiB); samples past it are computed each time. Use it when each sample's data is the same every epoch:
+        with random augmentation every sample is new and the cache only costs memory. rows: the `feature_rows`
+        of an earlier session of the same artifact, taken over (ignored when they belong to another program)."""
+        from .prefix import DEFAULT_MAX_BYTES, FeatureCache, split_step
+
+        budget = DEFAULT_MAX_BYTES if max_bytes is None else int(max_bytes)
+        if budget < 0:
+            raise FeedError(f"max_bytes must be >= 0, not {max_bytes}")
+        g = self._step_program.graph
+        shape = g.values[self._io["data_inputs"][0]].shape
+        batch = int(shape[0]) if shape and isinstance(shape[0], (int, np.integer)) else None
+        split, reason = split_step(g, self._io["data_inputs"], batch)
+        if split is None:
+            self._cache, self._cache_reason = None, reason
+        else:
+            tag = f"{self.artifact.program_id}:{'fused' if self._fused is not None else 'graph'}"
+            cache = FeatureCache(split, tag=tag, max_bytes=budget, bind=self._bind, rows=rows)
+            self._cache, self._cache_reason = cache, ""
+        return self.feature_cache_info()
+
+    @property
+    def feature_rows(self) -> Any:
+        """The cached rows (an opaque object) for enable_feature_cache(rows=) of a later session of this artifact,
+        or None."""
+        return None if self._cache is None else self._cache.rows
+
+    def disable_feature_cache(self, reason: str = "disabled") -> None:
+        """Drops the cache and its memory; steps run the whole program again."""
+        self._cache, self._cache_reason = None, reason
+
+    def feature_cache_info(self) -> dict[str, Any]:
+        """{"enabled": bool, "reason": why not (when off)} plus, when on: the boundary values, the nodes the
+        prefix holds, the samples and bytes cached, hits and misses."""
+        if self._cache is None:
+            return {"enabled": False, "reason": self._cache_reason}
+        return {"enabled": True, "reason": "", **self._cache.info()}
+
+    def _run_step(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        cache = self._cache
+        if cache is None:
+            return self._step_program.run(feeds)
+        if not cache.rows.checked:
+            if not cache.rows_independent(feeds):
+                self.disable_feature_cache(
+                    "the frozen part's results for a sample change with its position in the batch (checked on "
+                    "the first batch, bit for bit), so they cannot be reused across batches"
+                )
+                return self._step_program.run(feeds)
+            cache.rows.checked = True
+        return cache.run(feeds)
 
     def _fused_step(self, loss: float, results: dict[str, np.ndarray]) -> float:
         if not math.isfinite(loss):
