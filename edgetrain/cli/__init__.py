@@ -98,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="memory for the frozen part's results per sample, reused every epoch when only part of the model "
         "trains (exact; default 64; 0 turns the cache off)",
     )
+    t.add_argument(
+        "--threads", type=int, help="threads for numpy's BLAS (default: as numpy starts, often all cores)"
+    )
     _data_arguments(t)
     t.set_defaults(run=run_train, parser=t)
 

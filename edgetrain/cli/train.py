@@ -197,6 +197,14 @@ def run_train(args: argparse.Namespace) -> int:
         sess.lr = float(sess.artifact.header["optimizer"].get("lr", sess.lr))
     if args.lr is not None:
         sess.lr = args.lr
+    if args.threads is not None:
+        from ..runtime.threads import blas_threads
+
+        if args.threads < 1:
+            raise UsageError(f"--threads must be at least 1, not {args.threads}")
+        now, how = blas_threads(args.threads)
+        if now is None:
+            print(f"--threads {args.threads} was not applied: {how}", file=sys.stderr)
     if args.feature_cache_mb < 0:
         raise UsageError(f"--feature-cache-mb must be 0 (off) or more, not {args.feature_cache_mb:g}")
     batch = session_batch(sess) or 32

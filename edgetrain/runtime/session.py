@@ -37,6 +37,21 @@ class NodeArg:
     type: str
 
 
+def _apply_threads(threads: int | None) -> int | None:
+    """A session's threads= (BLAS threads: the process's, see edgetrain.runtime.threads); warns when this numpy's
+    BLAS cannot be told, and returns the number in effect (None when unknown)."""
+    if threads is None:
+        return None
+    import warnings
+
+    from .threads import blas_threads
+
+    now, how = blas_threads(threads)
+    if now is None:
+        warnings.warn(f"threads={threads} was not applied: {how}", RuntimeWarning, stacklevel=3)
+    return now
+
+
 class InferenceSession:
     """Runs an ONNX model (path, bytes, onnx.ModelProto, or an edgetrain Graph) like onnxruntime does:
     `sess.run(None, {"input": x})` returns the list of outputs.
@@ -44,7 +59,8 @@ class InferenceSession:
     A symbolic batch dimension is fixed by batch_size=; without it, the session specialises itself to the
     shapes of each new feed (and caches the result), so a model exported with a dynamic batch just works.
     Likewise, inputs whose values decide shapes (a `shape` input of a Reshape, say) are bound to the values fed.
-    Paths, bytes and ModelProtos need the onnx package; a Graph needs numpy alone.
+    Paths, bytes and ModelProtos need the onnx package; a Graph needs numpy alone. threads= sets the BLAS
+    threads (of the process: every session shares them).
     """
 
     def __init__(
@@ -53,7 +69,9 @@ class InferenceSession:
         batch_size: int | None = None,
         *,
         shapes: Mapping[str, Sequence[int]] | None = None,
+        threads: int | None = None,
     ):
+        self.threads = _apply_threads(threads)
         if isinstance(model, Graph):
             graph = model
         else:

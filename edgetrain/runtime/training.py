@@ -26,7 +26,12 @@ class TrainingSession:
     (BatchNorm with running statistics, no dropout), with the current parameters.
     """
 
-    def __init__(self, path: str | os.PathLike, *, verify: bool = True, fused: bool = True):
+    def __init__(
+        self, path: str | os.PathLike, *, verify: bool = True, fused: bool = True, threads: int | None = None
+    ):
+        from .session import _apply_threads
+
+        self.threads = _apply_threads(threads)  # BLAS threads (the process's); None: left as they are
         self.artifact = art = load_artifact(path, verify=verify)
         io = art.io
         self._io = io
