@@ -1,10 +1,13 @@
 """`edgetrain inspect`: an artifact or checkpoint file -> a readable description (numpy only): ops,
-parameters (trainable or frozen), bytes by part, the memory plan against its lower bound, provenance."""
+parameters (trainable or frozen), bytes by part, the memory plan against its lower bound, the planned peak of a
+training step, provenance."""
 
 from __future__ import annotations
 
+import math
 import os
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -12,6 +15,79 @@ import numpy as np
 
 def _mb(n: float) -> str:
     return f"{n / 2**20:8.2f} MiB" if n >= 2**20 else f"{n / 1024:8.1f} KiB"
+
+
+def step_memory(header: dict[str, Any], tensors: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """An artifact's header and tensors -> the bytes a TrainingSession holds while it runs a training step, by part,
+    and their sum, the planned peak. The parts are what the session allocates, decided as the session decides:
+
+    - arena: the step program's memory plan (activations, gradients, temporaries); with the fused optimizer
+      (edgetrain.runtime.fused) the program is the step without its update nodes, planned on its own;
+    - parameters and state: the session's own copies of the trainable parameters and the optimizer state;
+    - constants: the step program's initializers (frozen weights, folded constants), read from the file's map;
+    - optimizer buffers: the fused optimizer double-buffers (a second set of parameters and state, which the
+      update writes and a refused step discards), and holds the gradients and two scratch buffers, all flat;
+      without it, the step's new parameters and state are outputs of the program, outside the arena;
+    - outputs: the step's other outputs outside the arena (the loss, the model's outputs).
+
+    Not counted: the interpreter's Python objects, temporaries inside kernels, the caller's batch, and the file's
+    pages the map brings in beyond the constants (the initial values, read once when the session copies them)."""
+    from .runtime.fused import fusable
+
+    io = header["io"]
+    zeros = header.get("zeros", {})
+
+    def nbytes(name: str) -> int:
+        if name in tensors:
+            return int(tensors[name].nbytes)
+        dtype, shape = zeros[name]
+        return math.prod(shape) * np.dtype(dtype).itemsize
+
+    params, state = list(io["parameters"]), list(io["state"])
+    dtypes = [tensors[p].dtype for p in params]
+    fused = header.get("fused") if header.get("fused") and fusable(header["optimizer"], dtypes) else None
+    program, plan = (fused["program"], fused["plan"]) if fused else (header["program"], header["plan"])
+    p_bytes = sum(nbytes(p) for p in params)
+    s_bytes = sum(nbytes(s) for s in state)
+    owned = set(params) | set(state)
+    constants = sum(
+        int(tensors[program.get("prefix", "") + n].nbytes) for n in program["initializers"] if n not in owned
+    )
+    bound: set[str] = set()  # outputs written into the session's buffers, not allocated by the step
+    if fused:
+        bound = {fused["gradients"][p] for p in params}
+        # the second set of parameters and of every kind of state but the step counter, gradients, 2 scratch
+        step_state = {n for n, (kind, _) in fused["state_roles"].items() if kind == "step"}
+        buffers = 4 * p_bytes + sum(nbytes(s) for s in state if s not in step_state)
+    else:
+        buffers = sum(_value_bytes(program, n) for n in io["updates"].values())
+        bound = set(io["updates"].values())
+    outputs = sum(_value_bytes(program, n) for n in dict.fromkeys(program["outputs"]) if n not in bound)
+    parts = {
+        "arena_bytes": int(plan["arena_size"]),
+        "parameters_bytes": p_bytes,
+        "state_bytes": s_bytes,
+        "constants_bytes": constants,
+        "optimizer_buffers_bytes": buffers,
+        "outputs_bytes": outputs,
+    }
+    return {**parts, "peak_bytes": sum(parts.values()), "fused": bool(fused)}
+
+
+def artifact_step_memory(path: str | os.PathLike) -> dict[str, Any]:
+    """step_memory of an artifact file (the benchmark sets it beside the RSS it measures)."""
+    from .container import read_container
+
+    header, tensors = read_container(path, kind="artifact")
+    return step_memory(header, tensors)
+
+
+def _value_bytes(program: dict[str, Any], name: str) -> int:
+    """Bytes of a value of a stored program; 0 when its shape is not static."""
+    dtype, shape = program["values"].get(name, ("float32", None))
+    if shape is None or not all(isinstance(d, int) for d in shape):
+        return 0
+    return math.prod(shape) * np.dtype(dtype).itemsize
 
 
 def describe(path: str | os.PathLike) -> str:
@@ -68,6 +144,22 @@ def _describe_artifact(path: Any, header: dict, tensors: dict, size: int) -> str
             f"  lower bound (most bytes live at once) {_mb(plan.get('lower_bound', 0))}",
             f"  no planning (one buffer per value) {_mb(plan.get('no_plan', 0))}",
         ]
+    mem = step_memory(header, tensors)
+    which = "fused step program" if mem["fused"] else "step program"
+    update = "next values, gradients, scratch" if mem["fused"] else "new values"
+    rows = [
+        ("arena_bytes", f"arena ({which})"),
+        ("parameters_bytes", "parameters"),
+        ("state_bytes", "optimizer state"),
+        ("constants_bytes", "frozen weights and constants"),
+        ("optimizer_buffers_bytes", f"optimizer buffers ({update})"),
+        ("outputs_bytes", "step outputs (loss, model outputs)"),
+    ]
+    lines += [
+        "",
+        f"planned peak of a training step: {_mb(mem['peak_bytes']).strip()} "
+        f"(= {' + '.join(_mb(mem[k]).strip() for k, _ in rows)})",
+    ] + [f"  {label:48s} {_mb(mem[k])}" for k, label in rows]
     lines += ["", f"parameters: {len(params)} trainable, {len(frozen)} frozen"]
     for k in io["parameters"]:
         lines.append(f"  trainable {k:40s} {str(list(tensors[k].shape)):18s} {_mb(tensors[k].nbytes)}")

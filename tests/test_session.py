@@ -219,3 +219,98 @@ def test_inspect_describes_artifacts_and_checkpoints(tmp_path):
     bad.write_bytes(open(path, "rb").read()[:500])
     out = subprocess.run([*run, str(bad)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and "truncated" in out.stderr and "Traceback" not in out.stderr
+
+
+# ---- the planned peak of a training step (`edgetrain inspect`, the benchmark) -----------------------------------
+RSS_SCRIPT = """
+import sys
+import numpy as np
+
+def hwm():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+
+from edgetrain.runtime import TrainingSession
+
+x, y = np.load(sys.argv[2]), np.load(sys.argv[3])
+before = hwm()
+sess = TrainingSession(sys.argv[1])
+for _ in range(3):
+    sess.train_step(x, y)
+print(hwm() - before)
+"""
+
+
+@pytest.mark.parametrize(
+    "model,optimizer",
+    [("lenet", et.SGD(lr=0.05, momentum=0.9, weight_decay=5e-4)), ("mlp", et.Adam(lr=1e-3))],
+)
+def test_inspect_reports_the_planned_peak_of_a_step_part_by_part(tmp_path, model, optimizer):
+    from edgetrain.container import read_container
+    from edgetrain.describe import artifact_step_memory, step_memory
+
+    _, path = make_artifact(tmp_path, model, optimizer=optimizer)
+    mem = artifact_step_memory(path)
+    # the parts, from the session's own objects: what it really holds for a step
+    sess = et.TrainingSession(path)
+    art, fused = sess.artifact, sess._fused
+    assert mem["fused"] and fused is not None
+    params = sum(art.initial[p].nbytes for p in art.io["parameters"])
+    state = sum(art.initial[s].nbytes for s in art.io["state"])
+    step_counter = sum(art.initial[n].nbytes for n in art.io["state"] if n == fused.step_name)
+    flat = sum(
+        a.nbytes
+        for g in fused.groups
+        for a in [*g.params, *(b for bufs in g.state.values() for b in bufs), g.grad, g.s1, g.s2]
+    )
+    program = art.fused["program"]
+    outputs = [o for o in program.outputs if o not in set(art.fused["gradients"].values())]
+    assert mem["arena_bytes"] == art.fused["plan"].arena_size == sess._step_program.arena.nbytes
+    assert mem["parameters_bytes"] == params and mem["state_bytes"] == state
+    assert mem["constants_bytes"] == sum(v.nbytes for v in program.initializers.values())
+    # the flat buffers: parameters and state double-buffered, gradients, two scratch
+    assert params + state - step_counter + mem["optimizer_buffers_bytes"] == flat
+    assert mem["outputs_bytes"] == sum(
+        int(np.prod(program.values[o].shape)) * program.values[o].dtype.itemsize for o in outputs
+    )
+    parts = [k for k in mem if k.endswith("_bytes") and k != "peak_bytes"]
+    assert mem["peak_bytes"] == sum(mem[k] for k in parts) > mem["arena_bytes"] + params
+
+    # without the fused optimizer the step's new parameters and state are outputs of the whole step program
+    header, tensors = read_container(path)
+    plain = step_memory({**header, "fused": None}, tensors)
+    assert not plain["fused"] and plain["arena_bytes"] == art.plan.arena_size
+    assert plain["optimizer_buffers_bytes"] == params + state
+
+    text = subprocess.run(
+        [sys.executable, "-m", "edgetrain.cli", "inspect", path], capture_output=True, text=True, timeout=120
+    ).stdout
+    line = next(s for s in text.splitlines() if s.startswith("planned peak of a training step"))
+    assert f"{mem['peak_bytes'] / 2**20:.2f} MiB" in line or f"{mem['peak_bytes'] / 1024:.1f} KiB" in line
+    assert "arena (fused step program)" in text and "optimizer buffers" in text
+
+
+def test_a_real_step_stays_within_sight_of_the_planned_peak(tmp_path):
+    # RSS growth (VmHWM) of a fresh process over loading the session and three steps: at least the arena, which
+    # the steps write all of; at most a few times the plan (kernels' own temporaries, the modules loaded, the
+    # allocator's slack are not planned). Memory, not time.
+    from edgetrain.describe import artifact_step_memory
+
+    batch = 256
+    _, path = make_artifact(tmp_path, "lenet", batch_size=batch)
+    x, y = batch_for("lenet", batch)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", y)
+    mem = artifact_step_memory(path)
+    proc = subprocess.run(
+        [sys.executable, "-c", RSS_SCRIPT, path, str(tmp_path / "x.npy"), str(tmp_path / "y.npy")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr
+    growth = int(proc.stdout.strip().splitlines()[-1])
+    assert mem["arena_bytes"] > 8 * 2**20  # large enough for the lower bound to mean something
+    assert mem["arena_bytes"] <= growth <= 3 * mem["peak_bytes"] + 30 * 2**20, (growth, mem)

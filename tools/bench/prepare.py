@@ -58,7 +58,8 @@ def prepare(c: Config, work: Path, *, with_torch: bool) -> dict[str, Any]:
         "trainable": list(art.parameters),
         "frozen": list(art.frozen),
     }
-    facts = {"edgetrain_bytes": art.save(etrain), **_memory(art, etrain), **_counts(art)}
+    facts = {"edgetrain_bytes": art.save(etrain)}
+    facts.update(_memory(etrain), **_counts(art))
     facts.update(step_flops(model_path, c.batch, set(art.parameters)))
     if module is not None:
         case.update(_torch_files(c, d, module, sorted(torch_head) if c.head_only else None, x))
@@ -167,20 +168,20 @@ def split_head(net, trainable: list[str], x):
 
 
 # ---- facts --------------------------------------------------------------------------------------------------
-def _memory(art, etrain: Path) -> dict[str, int | None]:
-    """edgetrain's planned memory: the arena (activations, gradients, temporaries) plus the parameters and optimizer
-    state the session owns - the true planned peak, set beside the measured RSS."""
-    params = sum(art.initial[p].nbytes for p in art.parameters)
-    state = sum(art.initial[s].nbytes for s in art.state)
-    frozen = sum(v.nbytes for k, v in art.inference.initializers.items() if k not in art.parameters)
-    plan = getattr(et.TrainingSession(etrain).artifact, "plan", None)
-    arena = getattr(plan, "arena_size", None)
+def _memory(etrain: Path) -> dict[str, int]:
+    """edgetrain's planned peak of a training step and its parts, as `edgetrain inspect` prints them (one function:
+    edgetrain.describe.step_memory), set beside the measured RSS."""
+    from edgetrain.describe import artifact_step_memory
+
+    m = artifact_step_memory(etrain)
     return {
-        "edgetrain_arena_bytes": arena,
-        "edgetrain_params_bytes": params,
-        "edgetrain_state_bytes": state,
-        "edgetrain_frozen_bytes": frozen,
-        "edgetrain_planned_peak_bytes": None if arena is None else arena + params + state + frozen,
+        "edgetrain_arena_bytes": m["arena_bytes"],
+        "edgetrain_params_bytes": m["parameters_bytes"],
+        "edgetrain_state_bytes": m["state_bytes"],
+        "edgetrain_frozen_bytes": m["constants_bytes"],
+        "edgetrain_optimizer_buffers_bytes": m["optimizer_buffers_bytes"],
+        "edgetrain_outputs_bytes": m["outputs_bytes"],
+        "edgetrain_planned_peak_bytes": m["peak_bytes"],
     }
 
 

@@ -213,9 +213,11 @@ def _memory_table(rows: list[dict]) -> list[str]:
         "## Memory, import time and files",
         "",
         "Peak RSS is the worker process's own high-water mark after its steps (VmHWM: Linux carries ru_maxrss "
-        "over from the parent that started it); edgetrain's planned peak is its memory plan "
-        "(arena of activations, gradients and temporaries) plus the parameters, optimizer state and frozen weights "
-        "it holds. Import: the runtime's module with numpy already imported (numpy itself: "
+        "over from the parent that started it); edgetrain's planned peak is what `edgetrain inspect` reports "
+        "(edgetrain.describe.step_memory): the memory plan's arena (activations, gradients, temporaries) plus the "
+        "parameters, optimizer state and frozen weights the session holds, the fused optimizer's buffers (a second "
+        "set of parameters and state, gradients, scratch) and the step's outputs. "
+        "Import: the runtime's module with numpy already imported (numpy itself: "
         f"{_median_numpy(rows)}). Files: edgetrain's one .etrain; onnxruntime-training's training, eval and "
         "optimizer models plus checkpoint; PyTorch's state_dict.",
         "",
