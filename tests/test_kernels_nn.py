@@ -155,6 +155,50 @@ def test_conv_im2col_in_batch_chunks(monkeypatch):
     _check("Conv", [x, w, b], {"group": 2, "pads": [1, 2, 0, 1], "strides": [2, 1]})
 
 
+FLAT_CASES = [
+    (nd, geo, grp)
+    for nd in (1, 2, 3)
+    for geo in ("k3", "k3_pads", "k2_dil2_pads", "same_upper_s1")
+    for grp in ("g1", "g2", "dw_mult2")
+    if nd < 3 or grp == "g1"
+]
+
+
+@pytest.mark.parametrize("nd,geo,grp", FLAT_CASES, ids=[f"{nd}d-{g}-{c}" for nd, g, c in FLAT_CASES])
+def test_conv_flattened_rows_vs_onnxruntime(monkeypatch, nd, geo, grp):
+    """Stride-1 convs through the flattened-rows columns (nn._flat_conv), one image per chunk."""
+    monkeypatch.setattr(nn_kernels, "FLAT_MIN_POSITIONS", 1)
+    monkeypatch.setattr(nn_kernels, "FLAT_MAX_WASTE", 100.0)
+    monkeypatch.setattr(nn_kernels, "CACHE_BUDGET", 1)
+    calls = []
+    flat = nn_kernels._flat_conv
+    monkeypatch.setattr(nn_kernels, "_flat_conv", lambda *a: calls.append(1) or flat(*a))
+    rng = np.random.default_rng(7 * nd + len(geo))
+    cin, cout, group = CONV_GROUPS[grp]
+    k = _axes(CONV_KERNEL.get(geo, [3, 2]), nd)
+    x, w, b = _rand(rng, (3, cin, *SIZES[:nd])), _rand(rng, (cout, cin // group, *k)), _rand(rng, (cout,))
+    _check("Conv", [x, w, b], {"group": group, **CONV_GEOMETRIES[geo](nd)})
+    assert calls
+
+
+@pytest.mark.parametrize("path", ["_flat_conv", "_batch_last_conv"])
+def test_conv_lenet_sizes_take_their_path(monkeypatch, path):
+    """LeNet's layers at their real sizes (the default thresholds): the 28x28 one through the flattened rows, the
+    10x10 one through batch-last columns."""
+    calls = []
+    fn = getattr(nn_kernels, path)
+    monkeypatch.setattr(nn_kernels, path, lambda *a: calls.append(1) or fn(*a))
+    rng = np.random.default_rng(8)
+    if path == "_flat_conv":
+        x, w, b = _rand(rng, (5, 1, 28, 28)), _rand(rng, (6, 1, 5, 5)), _rand(rng, (6,))
+        attrs = {"pads": [2] * 4}
+    else:
+        x, w, b = _rand(rng, (5, 6, 14, 14)), _rand(rng, (16, 6, 5, 5)), _rand(rng, (16,))
+        attrs = {}
+    _check("Conv", [x, w, b], attrs, atol_scale=5)
+    assert calls
+
+
 @pytest.mark.parametrize("case", ["im2col", "depthwise", "1x1", "float16"])
 def test_conv_writes_out(case):
     rng = np.random.default_rng(4)

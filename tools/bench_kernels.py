@@ -39,22 +39,29 @@ def load_rev(rev: str) -> tuple[types.ModuleType, types.ModuleType]:
             mod = types.ModuleType(f"{PKG}._rev_{name}")
             mod.__package__ = PKG
             sys.modules[mod.__name__] = mod
-            exec(compile(src.replace("from .nn import", "from ._rev_nn import"), f"{rev}:{path}", "exec"), mod.__dict__)
+            exec(
+                compile(src.replace("from .nn import", "from ._rev_nn import"), f"{rev}:{path}", "exec"),
+                mod.__dict__,
+            )
             mods.append(mod)
     finally:
         registry.KERNELS = kernels
     return mods[0], mods[1]
 
 
-def median_ms(fn, repeat: int) -> float:
+def median_ms(fns, repeat: int) -> list[float]:
+    """Median ms per call of each fn, the calls interleaved (old, new, old, ...) so that the shared machine's
+    slow phases hit both alike."""
     for _ in range(max(3, repeat // 10)):
-        fn()
-    times = []
+        for fn in fns:
+            fn()
+    times = [[] for _ in fns]
     for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1000 * float(np.median(times))
+        for fn, ts in zip(fns, times):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+    return [1000 * float(np.median(ts)) for ts in times]
 
 
 def cases(rng):
@@ -81,7 +88,9 @@ def cases(rng):
             (f"lenet{n} Conv2", lambda a, g, x=x2, w=w2, b=b2, y=y2: lambda: a.conv(x, w, b, out=y)),
             (
                 f"lenet{n} ConvGradWeight1",
-                lambda a, g, x=x1, dy=dy1: lambda: g.conv_grad_weight(dy, x, kernel_shape=[5, 5], noutputs=2, **p2),
+                lambda a, g, x=x1, dy=dy1: (
+                    lambda: g.conv_grad_weight(dy, x, kernel_shape=[5, 5], noutputs=2, **p2)
+                ),
             ),
             (
                 f"lenet{n} ConvGradWeight2",
@@ -107,7 +116,13 @@ def cases(rng):
             ),
         ]
     # MobileNetV2-like depthwise 3x3 layers: (batch, channels, size, stride, multiplier)
-    for n, c, h, s, mult in ((8, 32, 32, 1, 1), (8, 32, 32, 2, 1), (4, 96, 32, 2, 1), (4, 144, 16, 1, 1), (8, 16, 32, 1, 2)):
+    for n, c, h, s, mult in (
+        (8, 32, 32, 1, 1),
+        (8, 32, 32, 2, 1),
+        (4, 96, 32, 2, 1),
+        (4, 144, 16, 1, 1),
+        (8, 16, 32, 1, 2),
+    ):
         x, w, b = r(n, c, h, h), r(c * mult, 1, 3, 3), r(c * mult)
         o = (h + 2 - 3) // s + 1
         dy = r(n, c * mult, o, o)
@@ -118,11 +133,15 @@ def cases(rng):
             (f"{tag} Conv", lambda a, g, x=x, w=w, b=b, at=at, y=y: lambda: a.conv(x, w, b, **at, out=y)),
             (
                 f"{tag} ConvGradInput",
-                lambda a, g, w=w, dy=dy, at=at, h=h: lambda: g.conv_grad_input(dy, w, output_shape=[h, h], **at),
+                lambda a, g, w=w, dy=dy, at=at, h=h: (
+                    lambda: g.conv_grad_input(dy, w, output_shape=[h, h], **at)
+                ),
             ),
             (
                 f"{tag} ConvGradWeight",
-                lambda a, g, x=x, dy=dy, at=at: lambda: g.conv_grad_weight(dy, x, kernel_shape=[3, 3], noutputs=2, **at),
+                lambda a, g, x=x, dy=dy, at=at: (
+                    lambda: g.conv_grad_weight(dy, x, kernel_shape=[3, 3], noutputs=2, **at)
+                ),
             ),
         ]
     return out
@@ -139,8 +158,7 @@ def main() -> None:
     for name, make in cases(np.random.default_rng(0)):
         if args.only and args.only not in name:
             continue
-        t_old = median_ms(make(*old), args.repeat)
-        t_new = median_ms(make(nn, nn_grad), args.repeat)
+        t_old, t_new = median_ms([make(*old), make(nn, nn_grad)], args.repeat)
         print(f"{name:44s} {t_old:9.3f} {t_new:9.3f} {t_old / t_new:7.2f}x", flush=True)
 
 

@@ -15,6 +15,12 @@ AUTO_PADS = ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER")
 FLOAT_DTYPES = (np.float16, np.float32, np.float64)
 # im2col columns above this many bytes are built a batch chunk at a time, so memory stays bounded on phones.
 IM2COL_BUDGET = 32 << 20
+# a chunk of columns this large stays in a core's L2 cache between its copy and its GEMM
+CACHE_BUDGET = 512 << 10
+# stride-1 convs with this many output positions per image or more use the flattened-rows columns (nn._flat_conv)
+# when those compute at most this many times the needed positions
+FLAT_MIN_POSITIONS = 256
+FLAT_MAX_WASTE = 1.5
 
 Ints = tuple[int, ...]
 
@@ -324,7 +330,7 @@ def conv(
         # products; with a channel multiplier, im2col's columns serve every output of a channel and win
         depthwise.conv(x, w, p, s, d, oshape, y, IM2COL_BUDGET)
     else:
-        _im2col_conv(pad_input(x, p, oshape, k, s, d, 0), w, group, k, s, d, oshape, y)
+        _im2col_conv(x, w, group, k, s, p, d, oshape, y)
     if b is not None:
         y += b.astype(ct, copy=False).reshape((m,) + (1,) * nd)
     return deliver(y, out, dtype)
@@ -344,26 +350,100 @@ def _grouped_matmul(w2: np.ndarray, cols: np.ndarray, group: int, y: np.ndarray)
         )
 
 
-def _im2col_conv(xp, w, group, k, s, d, oshape, y) -> None:
-    n, c = xp.shape[:2]
-    kk, npos = int(np.prod(k)), int(np.prod(oshape))
-    st = xp.strides
+def _im2col_conv(x, w, group, k, s, p, d, oshape, y) -> None:
+    """y = Conv(x, w) (no bias) through im2col columns and one GEMM per group, in whichever column layout
+    gives the copies long contiguous runs and BLAS a large enough product."""
+    npos = int(np.prod(oshape))
+    flat = _flat_extent(x.shape[2:], p, oshape, k, d)
+    if max(s) == 1 and npos >= FLAT_MIN_POSITIONS and flat[1] <= FLAT_MAX_WASTE * npos:
+        _flat_conv(x, w, group, k, p, d, oshape, flat, y)
+    else:
+        _batch_last_conv(x, w, group, k, s, p, d, oshape, y)
+
+
+def _flat_extent(sp, p, oshape, k, d) -> tuple[Ints, int, int]:
+    """(padded extent, positions per image, flat length) of the flattened-rows layout of a stride-1 conv:
+    each image padded and flattened, output position q reads input q + offset for a kernel offset (so every
+    column is one contiguous slice), at the price of computing the ext - out garbage positions of each row
+    beyond the first axis; the flat length leaves room for the last offset's overrun."""
+    ext = tuple(max(p[i] + n, oshape[i] + (k[i] - 1) * d[i]) for i, n in enumerate(sp))
+    row = int(np.prod(ext[1:]))
+    tail = sum((k[i] - 1) * d[i] * int(np.prod(ext[i + 1 :])) for i in range(1, len(ext)))
+    return ext, oshape[0] * row, int(np.prod(ext)) + tail
+
+
+def _flat_conv(x, w, group, k, p, d, oshape, flat, y) -> None:
+    """Stride-1 conv over the flattened-rows layout (_flat_extent), a cache-sized batch chunk at a time: 1.3-1.5x
+    faster than windowed columns for large images (LeNet's first layer), whose copies run over short rows."""
+    (n, c), nd, m = x.shape[:2], len(k), w.shape[0]
+    ext, npos, length = flat
+    xf = np.zeros((n, c, length), x.dtype)
+    inner = (slice(None),) * 2 + tuple(slice(p[i], p[i] + x.shape[2 + i]) for i in range(nd))
+    xf[:, :, : int(np.prod(ext))].reshape((n, c) + ext)[inner] = x
+    estr = [int(np.prod(ext[i + 1 :])) * xf.itemsize for i in range(nd)]
+    st = xf.strides
     view = as_strided(
-        xp,
-        xp.shape[:2] + tuple(k) + oshape,
-        st[:2]
-        + tuple(st[2 + i] * d[i] for i in range(len(k)))
-        + tuple(st[2 + i] * s[i] for i in range(len(k))),
+        xf,
+        (n, c) + tuple(k) + (npos,),
+        st[:2] + tuple(estr[i] * d[i] for i in range(nd)) + st[2:],
         writeable=False,
     )
-    w2 = w.reshape(w.shape[0], -1)
-    chunk = max(1, IM2COL_BUDGET // max(1, c * kk * npos * xp.itemsize))
-    cols = np.empty((min(n, chunk), c * kk, npos), xp.dtype)
-    for i in range(0, n, chunk):  # one iteration unless the columns would exceed the memory budget
+    rows = c * int(np.prod(k))
+    chunk = max(1, min(n, CACHE_BUDGET // (rows * npos * xf.itemsize)))
+    cols = np.empty((chunk, rows, npos), x.dtype)
+    yf = np.empty((chunk, m, npos), x.dtype)
+    w2 = w.reshape(m, -1)
+    crop = (slice(None),) * 3 + tuple(slice(0, o) for o in oshape[1:])
+    for i in range(0, n, chunk):
         j = min(n, i + chunk)
-        part = cols[: j - i]
-        np.copyto(part.reshape(view[i:j].shape), view[i:j])
-        _grouped_matmul(w2, part, group, y[i:j])
+        np.copyto(cols[: j - i].reshape(view[i:j].shape), view[i:j])
+        _grouped_matmul(w2, cols[: j - i], group, yf[: j - i])
+        np.copyto(y[i:j], yf[: j - i].reshape((j - i, m, oshape[0]) + ext[1:])[crop])
+
+
+def _batch_last_conv(x, w, group, k, s, p, d, oshape, y) -> None:
+    """Conv through batch-last columns [C*K, out..., N]: the copies run over the last output axis and the batch
+    together, and the GEMM's columns span the batch (5x faster than per-image products for deep layers with a
+    few output positions); the output is transposed back to [N, M, out...] a chunk of output rows at a time."""
+    (n, c), nd, m = x.shape[:2], len(k), w.shape[0]
+    ext = tuple(
+        max(p[i] + sz, (oshape[i] - 1) * s[i] + (k[i] - 1) * d[i] + 1) for i, sz in enumerate(x.shape[2:])
+    )
+    xb = batch_last(x, p, ext)
+    st = xb.strides
+    view = as_strided(
+        xb,
+        (c,) + tuple(k) + oshape + (n,),
+        st[:1]
+        + tuple(st[1 + i] * d[i] for i in range(nd))
+        + tuple(st[1 + i] * s[i] for i in range(nd))
+        + st[-1:],
+        writeable=False,
+    )
+    rows, per_row = c * int(np.prod(k)), int(np.prod(oshape[1:])) * n
+    chunk = max(1, min(oshape[0], IM2COL_BUDGET // max(1, rows * per_row * xb.itemsize)))
+    buf = np.empty(rows * per_row * chunk, x.dtype)
+    ybuf = np.empty(m * per_row * chunk, x.dtype)
+    w2 = w.reshape(group, m // group, rows // group)
+    sel = (slice(None),) * (1 + nd)
+    for a in range(0, oshape[0], chunk):  # one iteration unless the columns would exceed the memory budget
+        b = min(oshape[0], a + chunk)
+        cols = buf[: rows * per_row * (b - a)]
+        np.copyto(cols.reshape(view[sel + (slice(a, b),)].shape), view[sel + (slice(a, b),)])
+        yb = ybuf[: m * per_row * (b - a)].reshape(group, m // group, -1)
+        np.matmul(w2, cols.reshape(group, rows // group, -1), out=yb)
+        np.copyto(y[:, :, a:b], np.moveaxis(yb.reshape((m, b - a) + oshape[1:] + (n,)), -1, 0))
+
+
+def batch_last(a: np.ndarray, p: Sequence[int] = (), ext: Sequence[int] | None = None) -> np.ndarray:
+    """a [N, C, spatial...] as a contiguous [C, spatial..., N]; with ext, placed at the begin pads p inside
+    zeros of spatial extent ext."""
+    moved = np.moveaxis(a, 0, -1)
+    if ext is None or tuple(ext) == a.shape[2:]:
+        return np.ascontiguousarray(moved)
+    out = np.zeros((a.shape[1],) + tuple(ext) + (a.shape[0],), a.dtype)
+    out[(slice(None),) + tuple(slice(p[i], p[i] + n) for i, n in enumerate(a.shape[2:]))] = moved
+    return out
 
 
 # ---------------------------------------------------------------- ConvTranspose
@@ -454,11 +534,7 @@ def max_pool(
     xp = pad_input(x, p, oshape, k, s, d, lowest)
     y = _target(out, x.shape[:2] + oshape, x.dtype)
     if noutputs < 2:
-        for j, (_, sl) in enumerate(sliding_windows(k, s, d, oshape)):
-            if j == 0:
-                np.copyto(y, xp[sl])
-            else:
-                np.maximum(y, xp[sl], out=y)
+        _window_reduce(np.maximum, xp, k, s, d, oshape, y)
         return deliver(y, out, x.dtype)
     idx = _max_pool_argmax(x, xp, y, oshape, p, k, s, d, storage_order)
     return deliver(y, out, x.dtype), idx
@@ -526,12 +602,16 @@ def avg_divisor(sp, oshape, p, k, s, d, count_include_pad: int, dtype) -> np.nda
     return total.astype(dtype)
 
 
-def _window_sum(xp: np.ndarray, k, s, d, oshape, y: np.ndarray) -> np.ndarray:
-    for j, (_, sl) in enumerate(sliding_windows(k, s, d, oshape)):
-        if j == 0:
-            np.copyto(y, xp[sl])
-        else:
-            np.add(y, xp[sl], out=y)
+def _window_reduce(ufunc, xp: np.ndarray, k, s, d, oshape, y: np.ndarray) -> np.ndarray:
+    """y = ufunc over the kernel offsets' strided slices of xp; the first two combined in one pass, not copied
+    first (1.2x faster for 2x2 windows)."""
+    views = [xp[sl] for _, sl in sliding_windows(k, s, d, oshape)]
+    if len(views) == 1:
+        np.copyto(y, views[0])
+        return y
+    ufunc(views[0], views[1], out=y)
+    for v in views[2:]:
+        ufunc(y, v, out=y)
     return y
 
 
@@ -553,7 +633,7 @@ def average_pool(
         x, "AveragePool", kernel_shape, auto_pad, ceil_mode, dilations, pads, strides
     )
     xp = pad_input(x.astype(ct, copy=False), p, oshape, k, s, d, 0)
-    y = _window_sum(xp, k, s, d, oshape, _target(out, x.shape[:2] + oshape, ct))
+    y = _window_reduce(np.add, xp, k, s, d, oshape, _target(out, x.shape[:2] + oshape, ct))
     y /= avg_divisor(x.shape[2:], oshape, p, k, s, d, count_include_pad, ct)
     return deliver(y, out, x.dtype)
 
@@ -578,7 +658,7 @@ def lp_pool(
     xa = np.abs(x.astype(ct, copy=False))
     xa = np.square(xa, out=xa) if p == 2 else np.power(xa, ct.type(p), out=xa) if p > 1 else xa
     xp = pad_input(xa, pp, oshape, k, s, d, 0)
-    y = _window_sum(xp, k, s, d, oshape, _target(out, x.shape[:2] + oshape, ct))
+    y = _window_reduce(np.add, xp, k, s, d, oshape, _target(out, x.shape[:2] + oshape, ct))
     if p == 2:
         np.sqrt(y, out=y)
     elif p > 1:

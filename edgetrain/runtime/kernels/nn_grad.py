@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from ...errors import ShapeError
 from . import depthwise
 from .nn import (
     IM2COL_BUDGET,
     avg_divisor,
+    batch_last,
     compute_dtype,
     conv_output_shape,
     deliver,
@@ -53,17 +56,6 @@ def _overlapping(k: Sequence[int], s: Sequence[int], d: Sequence[int]) -> bool:
 # Both work batch-last: [C, spatial..., N] arrays, so that each im2col copy or col2im add runs over the last
 # spatial axis and the batch together, in far longer inner loops than spatial rows alone (measured 1.5-2.5x
 # faster than the batch-first slabs for N=32, 14x14 inputs, 5x5 kernels).
-
-
-def _batch_last(a: np.ndarray, p: Sequence[int] = (), ext: Sequence[int] | None = None) -> np.ndarray:
-    """a [N, C, spatial...] as a contiguous [C, spatial..., N]; with ext, placed at the begin pads p inside
-    zeros of spatial extent ext."""
-    moved = np.moveaxis(a, 0, -1)
-    if ext is None or tuple(ext) == a.shape[2:]:
-        return np.ascontiguousarray(moved)
-    out = np.zeros((a.shape[1],) + tuple(ext) + (a.shape[0],), a.dtype)
-    out[(slice(None),) + tuple(slice(p[i], p[i] + n) for i, n in enumerate(a.shape[2:]))] = moved
-    return out
 
 
 def _conv_setup(op: str, sp, k, group: int, nc: tuple[int, int], m: int, dy, dilations, pads, strides):
@@ -116,7 +108,7 @@ def conv_grad_input(
     inner = (slice(None),) + tuple(slice(p[i], p[i] + sp[i]) for i in range(len(sp)))
     for lo in range(0, n, chunk):  # one iteration unless the columns would exceed the memory budget
         hi = min(n, lo + chunk)
-        dyl = _batch_last(dy[lo:hi].astype(ct, copy=False)).reshape(group, mg, -1)
+        dyl = batch_last(dy[lo:hi].astype(ct, copy=False)).reshape(group, mg, -1)
         cols = np.matmul(wt, dyl).reshape((c,) + k + oshape + (hi - lo,))
         dxl = np.zeros((c,) + ext + (hi - lo,), ct)
         for off, sl in sliding_windows(k, s, d, oshape):
@@ -163,25 +155,35 @@ def conv_grad_weight(
 
 
 def _weight_grad_columns(dy, x, group, k, oshape, p, s, d, ext, want_b):
-    """(dW [G, Mg, Cg*K], dB [M] or None) through batch-last im2col columns, a batch chunk at a time."""
-    (n, c), m, ct = x.shape[:2], dy.shape[1], x.dtype
-    cg, mg, kk, npos = c // group, m // group, int(np.prod(k)), int(np.prod(oshape))
+    """(dW [G, Mg, Cg*K], dB [M] or None) through batch-last im2col columns [C*K, out..., n] (one strided copy),
+    a batch chunk at a time."""
+    (n, c), m, ct, nd = x.shape[:2], dy.shape[1], x.dtype, len(k)
+    cg, mg, kk, npos = c // group, m // group, math.prod(k), math.prod(oshape)
     chunk = _chunk(n, c * kk * npos, ct.itemsize)
     buf = np.empty(c * kk * npos * chunk, ct)
-    dw = np.zeros((group, mg, cg * kk), ct)
+    dwt = np.zeros((group, cg * kk, mg), ct)
     db = np.zeros(m, ct) if want_b else None
     for lo in range(0, n, chunk):  # one iteration unless the columns would exceed the memory budget
         hi = min(n, lo + chunk)
-        xl = _batch_last(x[lo:hi], p, ext)
-        cols = buf[: c * kk * npos * (hi - lo)].reshape((c,) + k + oshape + (hi - lo,))
-        for off, sl in sliding_windows(k, s, d, oshape):
-            np.copyto(cols[(slice(None),) + off], xl[(slice(None),) + sl[2:]])
-        dyl = _batch_last(dy[lo:hi]).reshape(group, mg, -1)
-        # per group dW [Mg, Cg*K] = dY [Mg, P*n] @ columns^T (a transposed operand: no copy for BLAS)
-        dw += np.matmul(dyl, cols.reshape(group, cg * kk, -1).transpose(0, 2, 1))
+        xl = batch_last(x[lo:hi], p, ext)
+        st = xl.strides
+        view = as_strided(
+            xl,
+            (c,) + k + oshape + (hi - lo,),
+            st[:1]
+            + tuple(st[1 + i] * d[i] for i in range(nd))
+            + tuple(st[1 + i] * s[i] for i in range(nd))
+            + st[-1:],
+            writeable=False,
+        )
+        cols = buf[: c * kk * npos * (hi - lo)]
+        np.copyto(cols.reshape(view.shape), view)
+        dyl = batch_last(dy[lo:hi]).reshape(group, mg, -1)
+        # per group dW^T [Cg*K, Mg] = columns [Cg*K, P*n] @ dY^T: 1.5x faster in BLAS than dY @ columns^T
+        dwt += np.matmul(cols.reshape(group, cg * kk, -1), dyl.transpose(0, 2, 1))
         if db is not None:  # a matmul with ones: several times faster than .sum(axis=1)
             db += dyl.reshape(m, -1) @ np.ones(dyl.shape[-1], ct)
-    return dw, db
+    return dwt.transpose(0, 2, 1), db
 
 
 # ---------------------------------------------------------------- MaxPoolGrad
@@ -211,8 +213,12 @@ def max_pool_grad(
     _check_dy("MaxPoolGrad (Y)", y, x.shape[:2] + oshape)
     xp = pad_input(x, p, oshape, k, s, d, -np.inf)
     dy = dy.astype(ct, copy=False)
-    dxp = np.zeros(xp.shape, ct)
     add = _overlapping(k, s, d)
+    # windows that tile the padded input (LeNet's 2x2 stride 2) write every element: no zero fill needed
+    tiled = not add and all(
+        ki == si and di == 1 and o * si == e for ki, si, di, o, e in zip(k, s, d, oshape, xp.shape[2:])
+    )
+    dxp = np.empty(xp.shape, ct) if tiled else np.zeros(xp.shape, ct)
     windows = list(sliding_windows(k, s, d, oshape))
     taken = np.empty(y.shape, bool)  # outputs whose maximum an earlier kernel offset already claimed
     hit = np.empty(y.shape, bool)
