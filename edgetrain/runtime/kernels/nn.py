@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -49,6 +51,10 @@ def _explicit_pads(pads: Sequence[int] | None, nd: int) -> Ints:
     return p
 
 
+def _key(values: Sequence[int] | None) -> Ints | None:
+    return None if values is None else tuple(int(v) for v in values)
+
+
 def _window_geometry(
     in_shape: Sequence[int],
     kernel_shape: Sequence[int],
@@ -57,6 +63,31 @@ def _window_geometry(
     dilations,
     pads,
     strides,
+    ceil_mode: int,
+    same_uses_dilation: bool,
+) -> tuple[Ints, Ints]:
+    # memoized on hashable arguments: a training step asks for the same few geometries every time, and working
+    # them out costs more than a small layer's arithmetic
+    return _cached_window_geometry(
+        _key(in_shape),
+        _key(kernel_shape),
+        auto_pad,
+        _key(dilations),
+        _key(pads),
+        _key(strides),
+        int(ceil_mode),
+        same_uses_dilation,
+    )
+
+
+@functools.lru_cache(maxsize=512)
+def _cached_window_geometry(
+    in_shape: Ints,
+    kernel_shape: Ints,
+    auto_pad: str,
+    dilations: Ints | None,
+    pads: Ints | None,
+    strides: Ints | None,
     ceil_mode: int,
     same_uses_dilation: bool,
 ) -> tuple[Ints, Ints]:
@@ -236,14 +267,21 @@ def pad_input(x: np.ndarray, pads: Ints, out_shape: Ints, k: Ints, s: Ints, d: I
 
 def sliding_windows(k: Ints, s: Ints, d: Ints, out_shape: Ints) -> Iterator[tuple[Ints, tuple]]:
     """Each kernel offset (row-major) with the index of the strided slice of the padded input it reads."""
-    for off in np.ndindex(*k):
-        yield (
+    return iter(_windows(_key(k), _key(s), _key(d), _key(out_shape)))
+
+
+@functools.lru_cache(maxsize=512)
+def _windows(k: Ints, s: Ints, d: Ints, out_shape: Ints) -> tuple[tuple[Ints, tuple], ...]:
+    return tuple(
+        (
             off,
             (slice(None),) * 2
             + tuple(
                 slice(o * d[i], o * d[i] + (out_shape[i] - 1) * s[i] + 1, s[i]) for i, o in enumerate(off)
             ),
         )
+        for off in np.ndindex(*k)
+    )
 
 
 def pool_setup(x, op, kernel_shape, auto_pad, ceil_mode, dilations, pads, strides):
@@ -353,7 +391,7 @@ def _grouped_matmul(w2: np.ndarray, cols: np.ndarray, group: int, y: np.ndarray)
 def _im2col_conv(x, w, group, k, s, p, d, oshape, y) -> None:
     """y = Conv(x, w) (no bias) through im2col columns and one GEMM per group, in whichever column layout
     gives the copies long contiguous runs and BLAS a large enough product."""
-    npos = int(np.prod(oshape))
+    npos = math.prod(oshape)
     flat = _flat_extent(x.shape[2:], p, oshape, k, d)
     if max(s) == 1 and npos >= FLAT_MIN_POSITIONS and flat[1] <= FLAT_MAX_WASTE * npos:
         _flat_conv(x, w, group, k, p, d, oshape, flat, y)
@@ -367,9 +405,9 @@ def _flat_extent(sp, p, oshape, k, d) -> tuple[Ints, int, int]:
     column is one contiguous slice), at the price of computing the ext - out garbage positions of each row
     beyond the first axis; the flat length leaves room for the last offset's overrun."""
     ext = tuple(max(p[i] + n, oshape[i] + (k[i] - 1) * d[i]) for i, n in enumerate(sp))
-    row = int(np.prod(ext[1:]))
-    tail = sum((k[i] - 1) * d[i] * int(np.prod(ext[i + 1 :])) for i in range(1, len(ext)))
-    return ext, oshape[0] * row, int(np.prod(ext)) + tail
+    row = math.prod(ext[1:])
+    tail = sum((k[i] - 1) * d[i] * math.prod(ext[i + 1 :]) for i in range(1, len(ext)))
+    return ext, oshape[0] * row, math.prod(ext) + tail
 
 
 def _flat_conv(x, w, group, k, p, d, oshape, flat, y) -> None:
@@ -379,8 +417,8 @@ def _flat_conv(x, w, group, k, p, d, oshape, flat, y) -> None:
     ext, npos, length = flat
     xf = np.zeros((n, c, length), x.dtype)
     inner = (slice(None),) * 2 + tuple(slice(p[i], p[i] + x.shape[2 + i]) for i in range(nd))
-    xf[:, :, : int(np.prod(ext))].reshape((n, c) + ext)[inner] = x
-    estr = [int(np.prod(ext[i + 1 :])) * xf.itemsize for i in range(nd)]
+    xf[:, :, : math.prod(ext)].reshape((n, c) + ext)[inner] = x
+    estr = [math.prod(ext[i + 1 :]) * xf.itemsize for i in range(nd)]
     st = xf.strides
     view = as_strided(
         xf,
@@ -388,7 +426,7 @@ def _flat_conv(x, w, group, k, p, d, oshape, flat, y) -> None:
         st[:2] + tuple(estr[i] * d[i] for i in range(nd)) + st[2:],
         writeable=False,
     )
-    rows = c * int(np.prod(k))
+    rows = c * math.prod(k)
     chunk = max(1, min(n, CACHE_BUDGET // (rows * npos * xf.itemsize)))
     cols = np.empty((chunk, rows, npos), x.dtype)
     yf = np.empty((chunk, m, npos), x.dtype)
@@ -420,7 +458,7 @@ def _batch_last_conv(x, w, group, k, s, p, d, oshape, y) -> None:
         + st[-1:],
         writeable=False,
     )
-    rows, per_row = c * int(np.prod(k)), int(np.prod(oshape[1:])) * n
+    rows, per_row = c * math.prod(k), math.prod(oshape[1:]) * n
     chunk = max(1, min(oshape[0], IM2COL_BUDGET // max(1, rows * per_row * xb.itemsize)))
     buf = np.empty(rows * per_row * chunk, x.dtype)
     ybuf = np.empty(m * per_row * chunk, x.dtype)
@@ -432,13 +470,18 @@ def _batch_last_conv(x, w, group, k, s, p, d, oshape, y) -> None:
         np.copyto(cols.reshape(view[sel + (slice(a, b),)].shape), view[sel + (slice(a, b),)])
         yb = ybuf[: m * per_row * (b - a)].reshape(group, m // group, -1)
         np.matmul(w2, cols.reshape(group, rows // group, -1), out=yb)
-        np.copyto(y[:, :, a:b], np.moveaxis(yb.reshape((m, b - a) + oshape[1:] + (n,)), -1, 0))
+        np.copyto(y[:, :, a:b], batch_first(yb.reshape((m, b - a) + oshape[1:] + (n,))))
+
+
+def batch_first(a: np.ndarray) -> np.ndarray:
+    """A view of a [..., N] as [N, ...] (np.moveaxis costs more than small layers' arithmetic)."""
+    return a.transpose((a.ndim - 1,) + tuple(range(a.ndim - 1)))
 
 
 def batch_last(a: np.ndarray, p: Sequence[int] = (), ext: Sequence[int] | None = None) -> np.ndarray:
     """a [N, C, spatial...] as a contiguous [C, spatial..., N]; with ext, placed at the begin pads p inside
     zeros of spatial extent ext."""
-    moved = np.moveaxis(a, 0, -1)
+    moved = a.transpose(tuple(range(1, a.ndim)) + (0,))
     if ext is None or tuple(ext) == a.shape[2:]:
         return np.ascontiguousarray(moved)
     out = np.zeros((a.shape[1],) + tuple(ext) + (a.shape[0],), a.dtype)
@@ -573,7 +616,7 @@ def _max_pool_argmax(x, xp, y, oshape, p, k, s, d, storage_order) -> np.ndarray:
         np.copyto(idx, flat, where=better)
         real |= valid
     base = np.arange(x.shape[0] * x.shape[1], dtype=np.int64).reshape(x.shape[:2] + (1,) * nd)
-    idx += base * int(np.prod(sp))
+    idx += base * math.prod(sp)
     return idx
 
 
