@@ -100,6 +100,36 @@ def describe(path: str | os.PathLike) -> str:
     return _describe_checkpoint(path, header, tensors, size)
 
 
+def summary(path: str | os.PathLike) -> dict[str, Any]:
+    """An artifact or checkpoint file -> the facts `edgetrain inspect --json` prints (JSON-ready)."""
+    from .container import read_container
+
+    header, tensors = read_container(path, verify=True)
+    out: dict[str, Any] = {"path": os.fspath(path), "size_bytes": os.path.getsize(path)}
+    if "program" not in header:
+        return {
+            **out,
+            "kind": "checkpoint",
+            "step": header.get("step"),
+            "lr": header.get("lr"),
+            "user_state": header.get("user_state", {}),
+            "tensors": {k: list(v.shape) for k, v in tensors.items()},
+        }
+    io, plan = header["io"], header.get("plan", {})
+    return {
+        **out,
+        "kind": "artifact",
+        "model": header["base"].get("name"),
+        "loss": header["loss"],
+        "optimizer": header["optimizer"],
+        "nodes": len(header["program"]["nodes"]),
+        "parameters": {k: list(tensors[k].shape) for k in io["parameters"]},
+        "plan": {k: plan.get(k) for k in ("arena_size", "lower_bound", "no_plan")},
+        "memory": step_memory(header, tensors),
+        "provenance": header.get("provenance", {}),
+    }
+
+
 def _describe_artifact(path: Any, header: dict, tensors: dict, size: int) -> str:
     io = header["io"]
     nodes = header["program"]["nodes"]

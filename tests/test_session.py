@@ -3,6 +3,7 @@ training_onnx(), artifact size and determinism, checkpoints refused for another 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -289,6 +290,14 @@ def test_inspect_reports_the_planned_peak_of_a_step_part_by_part(tmp_path, model
     line = next(s for s in text.splitlines() if s.startswith("planned peak of a training step"))
     assert f"{mem['peak_bytes'] / 2**20:.2f} MiB" in line or f"{mem['peak_bytes'] / 1024:.1f} KiB" in line
     assert "arena (fused step program)" in text and "optimizer buffers" in text
+    out = subprocess.run(
+        [sys.executable, "-m", "edgetrain.cli", "inspect", path, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["memory"] == mem
 
 
 def test_a_real_step_stays_within_sight_of_the_planned_peak(tmp_path):

@@ -53,6 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
         "inspect", parents=[common], help="what is in an artifact (.etrain) or checkpoint (.etck)"
     )
     i.add_argument("file", help="an artifact or checkpoint file")
+    i.add_argument(
+        "--json",
+        action="store_true",
+        help='print the facts as JSON (the planned peak of a step under "memory")',
+    )
     i.set_defaults(run=run_inspect, parser=i)
 
     t = sub.add_parser("train", parents=[common], help="train an artifact on data, with checkpoints")

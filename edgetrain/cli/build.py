@@ -122,9 +122,14 @@ def run_check(args: argparse.Namespace) -> int:
 
 
 def run_inspect(args: argparse.Namespace) -> int:
-    from ..describe import describe
+    from ..describe import describe, summary
 
-    print(describe(args.file))
+    if getattr(args, "json", False):
+        import json
+
+        print(json.dumps(summary(args.file), indent=1, default=str))
+    else:
+        print(describe(args.file))
     return 0
 
 
