@@ -189,7 +189,7 @@ def _describe_artifact(path: Any, header: dict, tensors: dict, size: int) -> str
         "",
         f"planned peak of a training step: {_mb(mem['peak_bytes']).strip()} "
         f"(= {' + '.join(_mb(mem[k]).strip() for k, _ in rows)})",
-    ] + [f"  {label:48s} {_mb(mem[k])}" for k, label in rows]
+    ] + [f"  {label:52s} {_mb(mem[k])}" for k, label in rows]
     lines += ["", f"parameters: {len(params)} trainable, {len(frozen)} frozen"]
     for k in io["parameters"]:
         lines.append(f"  trainable {k:40s} {str(list(tensors[k].shape)):18s} {_mb(tensors[k].nbytes)}")
