@@ -238,6 +238,50 @@ def test_conv_grads_chunked(monkeypatch):
     )
 
 
+FLAT_CASES = {
+    "2d_pads": ((2, 3, 7, 6), (4, 3, 3, 2), {"pads": [1, 0, 2, 1]}),
+    "2d_one_channel": ((3, 1, 6, 7), (4, 1, 3, 3), {"pads": [2, 2, 2, 2]}),
+    "2d_dilations_group2": (
+        (2, 4, 7, 6),
+        (6, 2, 3, 3),
+        {"group": 2, "dilations": [2, 1], "pads": [1, 1, 0, 2]},
+    ),
+    "1d": ((2, 3, 9), (4, 3, 3), {"pads": [2, 1], "dilations": [2]}),
+    "3d": ((1, 2, 4, 5, 4), (3, 2, 2, 3, 2), {"pads": [1, 0, 1, 0, 1, 0]}),
+}
+
+
+@pytest.mark.parametrize("case", list(FLAT_CASES))
+def test_conv_flattened_rows(monkeypatch, case):
+    """Stride-1 Conv and its dW through the flattened-rows columns (nn._flat_conv, nn_grad._weight_grad_flat),
+    one image per chunk, against finite differences and onnxruntime."""
+    monkeypatch.setattr(nn_kernels, "FLAT_MIN_POSITIONS", 1)
+    monkeypatch.setattr(nn_kernels, "FLAT_MAX_WASTE", 100.0)
+    monkeypatch.setattr(nn_kernels, "CACHE_BUDGET", 1)
+    monkeypatch.setattr(nn_grad, "CACHE_BUDGET", 1)
+    calls = []
+    flat = nn_grad._weight_grad_flat
+    monkeypatch.setattr(nn_grad, "_weight_grad_flat", lambda *a: calls.append(1) or flat(*a))
+    xs, ws, attrs = FLAT_CASES[case]
+    _check("Conv", [_rand(1, *xs), _rand(2, *ws), _rand(3, ws[0])], attrs)
+    assert calls
+
+
+def test_conv_weight_grad_lenet_first_layer_takes_flattened_rows(monkeypatch):
+    """LeNet's first layer (one input channel, 28x28, pads 2) at the default thresholds: dW and dB through the
+    flattened rows, equal to the batch-last columns' in float64."""
+    calls = []
+    flat = nn_grad._weight_grad_flat
+    monkeypatch.setattr(nn_grad, "_weight_grad_flat", lambda *a: calls.append(1) or flat(*a))
+    dy, x = _rand(1, 3, 6, 28, 28), _rand(2, 3, 1, 28, 28)
+    dw, db = nn_grad.conv_grad_weight(dy, x, kernel_shape=[5, 5], pads=[2] * 4, noutputs=2)
+    assert calls
+    geo = ((5, 5), (28, 28), (2, 2, 2, 2), (1, 1), (1, 1), (32, 32))
+    ref_w, ref_b = nn_grad._weight_grad_columns(dy, x, 1, *geo, True)
+    np.testing.assert_allclose(dw, ref_w.reshape(dw.shape), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(db, ref_b, rtol=1e-12, atol=1e-12)
+
+
 def test_max_pool_grad_ties_go_to_the_first_maximum():
     """With ties, dY goes where onnxruntime's Indices point (edgetrain's MaxPool Indices, tested against it)."""
     x = np.random.default_rng(11).integers(0, 3, (2, 3, 6, 5)).astype(np.float32)

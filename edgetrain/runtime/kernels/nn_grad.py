@@ -11,6 +11,7 @@ from numpy.lib.stride_tricks import as_strided
 from ...errors import ShapeError
 from . import depthwise
 from .nn import (
+    CACHE_BUDGET,
     IM2COL_BUDGET,
     avg_divisor,
     batch_first,
@@ -18,6 +19,8 @@ from .nn import (
     compute_dtype,
     conv_output_shape,
     deliver,
+    flat_columns,
+    flat_extent,
     max_pool,
     pad_input,
     per_axis,
@@ -25,6 +28,7 @@ from .nn import (
     pool_setup,
     sliding_windows,
     spatial_rank,
+    use_flat,
 )
 from .registry import PRIVATE_DOMAIN, kernel
 
@@ -162,6 +166,10 @@ def conv_grad_weight(
         dyg = dy.reshape(n, group, m // group, -1)
         dw = np.matmul(dyg, x.reshape(n, group, c // group, -1).transpose(0, 1, 3, 2)).sum(axis=0)
         db = (dy.reshape(n, m, -1) @ np.ones(dyg.shape[-1], ct)).sum(axis=0) if noutputs > 1 else None
+    elif max(s) == 1 and use_flat(x.shape[2:], p, oshape, k, d) and (group == 1 or c > group):
+        dw, db = _weight_grad_flat(
+            dy, x, group, k, oshape, p, d, flat_extent(x.shape[2:], p, oshape, k, d), noutputs > 1
+        )
     elif c == group:  # depthwise (or one input channel): multiply-adds over the kernel offsets
         dw, db = depthwise.grad_weight(dy, x, k, p, s, d, noutputs > 1, IM2COL_BUDGET)
     else:
@@ -199,6 +207,28 @@ def _weight_grad_columns(dy, x, group, k, oshape, p, s, d, ext, want_b):
         dwt += np.matmul(cols.reshape(group, cg * kk, -1), dyl.transpose(0, 2, 1))
         if db is not None:  # a matmul with ones: several times faster than .sum(axis=1)
             db += dyl.reshape(m, -1) @ np.ones(dyl.shape[-1], ct)
+    return dwt.transpose(0, 2, 1), db
+
+
+def _weight_grad_flat(dy, x, group, k, oshape, p, d, flat, want_b):
+    """(dW [G, Mg, Cg*K], dB [M] or None) of a stride-1 conv through the flattened-rows columns (nn._flat_conv's
+    layout), dY zero-padded over the garbage positions, a cache-sized batch chunk at a time."""
+    (n, c), m, ct = x.shape[:2], dy.shape[1], x.dtype
+    cg, mg, kk = c // group, m // group, math.prod(k)
+    ext, npos, length = flat
+    view = flat_columns(x, k, p, d, ext, npos, length)
+    dyf = np.zeros((n, m, oshape[0]) + ext[1:], ct)
+    dyf[(slice(None),) * 3 + tuple(slice(0, o) for o in oshape[1:])] = dy
+    dyf = dyf.reshape(n, group, mg, npos)
+    chunk = max(1, min(n, CACHE_BUDGET // (c * kk * npos * ct.itemsize)))
+    cols = np.empty((chunk, c * kk, npos), ct)
+    dwt = np.zeros((group, cg * kk, mg), ct)
+    for i in range(0, n, chunk):
+        j = min(n, i + chunk)
+        np.copyto(cols[: j - i].reshape(view[i:j].shape), view[i:j])
+        part = np.matmul(cols[: j - i].reshape(j - i, group, cg * kk, npos), dyf[i:j].transpose(0, 1, 3, 2))
+        dwt += part.sum(axis=0)
+    db = (dy.reshape(n, m, -1) @ np.ones(math.prod(oshape), ct)).sum(axis=0) if want_b else None
     return dwt.transpose(0, 2, 1), db
 
 
