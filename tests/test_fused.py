@@ -113,3 +113,82 @@ def test_fused_cross_entropy_follows_its_standard_op_body_in_onnxruntime(tmp_pat
     for name, value in sess.parameters().items():
         ref = state[name]
         np.testing.assert_allclose(value, ref, rtol=1e-4, atol=1e-5 * np.abs(ref).max(), err_msg=name)
+
+
+# ---- every fast path at once, against the plain interpreter --------------------------------------------------
+def _plain_steps(path, batches):
+    """The artifact's step graph with the private fused ops inlined into standard ops, run node by node by the
+    interpreter's plain loop (no memory plan, no compiled code, no buffers of its own), the graph's own update
+    nodes applied: (losses, parameters)."""
+    from edgetrain.artifact import load_artifact
+    from edgetrain.autodiff.functions import inline_private
+    from edgetrain.runtime import Interpreter
+
+    art = load_artifact(path)
+    g = inline_private(art.program)
+    assert not any(n.domain for n in g.nodes)
+    interp = Interpreter(g, preallocate=False)
+    io = art.io
+    lr = np.asarray(art.header["optimizer"]["lr"], np.float32)
+    values = {k: np.array(v) for k, v in art.initial.items()}
+    losses = []
+    for x, y in batches:
+        feeds = {io["data_inputs"][0]: x, io["target"]: y, io["lr"]: lr, **values}
+        out = dict(zip(g.outputs, interp.run({k: feeds[k] for k in g.inputs}, record={})))
+        losses.append(float(out[io["loss"]]))
+        for name, new in io["updates"].items():
+            values[name] = out[new]
+    return losses, {p: values[p] for p in io["parameters"]}
+
+
+def _optimized_vs_plain(path, batches):
+    sess = et.TrainingSession(path)
+    assert sess._fused is not None
+    losses = [sess.train_step(x, y) for x, y in batches]
+    plain_losses, plain = _plain_steps(path, batches)
+    np.testing.assert_allclose(losses, plain_losses, rtol=1e-6)
+    for k, v in sess.parameters().items():
+        scale = max(float(np.abs(plain[k]).max()), 1e-3)
+        assert float(np.abs(v - plain[k]).max()) <= 1e-6 * scale, k
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+def test_the_optimized_session_is_the_plain_interpreter(tmp_path, model):
+    art = et.convert(
+        MODELS[model][0](),
+        loss=et.CrossEntropyLoss(),
+        optimizer=et.SGD(lr=0.05, momentum=0.9, weight_decay=5e-4),
+        batch_size=BATCH,
+    )
+    art.save(tmp_path / "m.etrain")
+    batches = [batch_for(model, BATCH, seed=s) for s in range(3)]
+    _optimized_vs_plain(tmp_path / "m.etrain", batches)
+
+
+ZOO = ["mobilenet_v2", "mobilenet_v3_small", "resnet18", "efficientnet_b0"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ZOO)
+def test_the_optimized_session_is_the_plain_interpreter_on_torchvision(tmp_path_factory, model):
+    pytest.importorskip("torch", reason="PyTorch is optional: pip install torch==2.13.0 (tools/test.sh does)")
+    import exports
+    import onnx
+
+    exports.declare_torchvision_ops()  # before torchvision loads its compiled ops
+    pytest.importorskip("torchvision", reason="torchvision is optional: pip install torchvision==0.28.0")
+    ex = exports.export(model, tmp_path_factory.mktemp("exports"), mode="eval", batch=None)
+    art = et.convert(
+        onnx.load(str(ex.path)),
+        loss=et.CrossEntropyLoss(),
+        optimizer=et.SGD(lr=0.01, momentum=0.9, weight_decay=5e-4),
+        batch_size=2,
+    )
+    path = tmp_path_factory.mktemp("art") / "m.etrain"
+    art.save(path)
+    rng = np.random.default_rng(0)
+    batches = [
+        (rng.standard_normal((2, *ex.sample_shape)).astype(np.float32), rng.integers(0, ex.num_classes, 2))
+        for _ in range(2)
+    ]
+    _optimized_vs_plain(path, batches)

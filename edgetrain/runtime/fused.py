@@ -150,6 +150,10 @@ class FusedOptimizer:
             views = g.views(g.params[k])
             bad += [n for n, v in views.items() if not _usable(v)]
         for kind, bufs in g.state.items():
+            # SGD's new parameters are w - lr * (an expression of the new momentum): a momentum that is not
+            # finite makes them not finite (lr 0 too: 0 * inf is NaN), so checking them has checked it
+            if self.kind == "SGD" and not bad:
+                continue
             if not np.isfinite(np.dot(bufs[k], bufs[k])):
                 views = g.views(bufs[k])
                 bad += [self.state_name.get((kind, w), w) for w, v in views.items() if not _usable(v)]

@@ -62,6 +62,7 @@ class TrainingSession:
         self._run_programs: dict[tuple, Interpreter] = {}
         self._target_info = art.program.values[io["target"]]
         self._n_classes = self._classes()
+        self._data_graph = None
         self._cache = None  # the frozen prefix's feature cache, when enabled
         self._cache_reason = "not enabled"
 
@@ -431,7 +432,9 @@ class TrainingSession:
                 arr = arr.astype(want)  # int32 token ids for an int64 input
             out[name] = arr
         if fixed_batch:
-            check_feeds(self.artifact.program.copy(inputs=names), out)
+            if self._data_graph is None:  # the program seen from its data inputs, made once
+                self._data_graph = self.artifact.program.copy(inputs=names)
+            check_feeds(self._data_graph, out)
         return out
 
     def _feeds(self, x: Any, y: Any) -> dict[str, np.ndarray]:

@@ -268,6 +268,18 @@ def _flops_table(rows: list[dict], gemm: float) -> list[str]:
     return lines + [""]
 
 
+def _cache_text(c: dict | None) -> str:
+    if not c:
+        return "-"
+    if not c.get("enabled"):
+        return f"off: {c.get('reason')}"
+    hits = c.get("hits_per_epoch") or []
+    return (
+        f"on: {c['prefix_nodes']} of {c['total_nodes']} step nodes frozen; samples from the cache per epoch "
+        f"{'/'.join(map(str, hits))}; {c['samples']} cached in {c['bytes'] / 2**20:.1f} MiB"
+    )
+
+
 def _epoch_table(rows: list[dict]) -> list[str]:
     lines = [
         "## Head-only personalization epoch",
@@ -282,8 +294,7 @@ def _epoch_table(rows: list[dict]) -> list[str]:
     ]
     for r in rows:
         e, t = r["runtimes"].get("edgetrain", {}), r["runtimes"].get("torch", {})
-        cache = e.get("cache")
-        said = "; ".join(json.dumps(n, sort_keys=True) for n in cache) if cache else "the Trainer did not say"
+        said = _cache_text(e.get("cache"))
         same = "-" if r["first_loss"]["match"] is None else ("yes" if r["first_loss"]["match"] else "**NO**")
         lines.append(
             f"| {r['describe']} | {_s(e.get('epoch1_s'))} | {_s(e.get('epoch2_s'))} | {_s(t.get('epoch1_s'))} | "

@@ -169,6 +169,19 @@ def softmax_cross_entropy(
 ) -> np.ndarray:
     """The cross-entropy of logits x [n, c] against class labels [n] as CrossEntropyLoss builds it in standard ops
     (log-softmax, smoothed one-hot, the rows an ignore_index leaves out), in a few numpy calls."""
+    if (
+        not label_smoothing
+        and ignore_index is None
+        and x.dtype.kind == "f"
+        and x.dtype.itemsize >= 4
+        and len(x)
+    ):
+        # the plain case in eight calls: log-sum-exp of the shifted rows minus each row's picked logit
+        y = x - np.maximum.reduce(x, axis=1)[:, None]  # (keepdims=True costs more than the whole subtraction)
+        lse = np.log(np.add.reduce(np.exp(y), axis=1))
+        nll = lse - y[np.arange(len(y)), target]
+        total = np.add.reduce(nll)
+        return np.asarray(total / x.dtype.type(len(nll)) if reduction == "mean" else total, x.dtype)
     logp = log_softmax(x, axis=1)
     w, keep = _ce_weights(target, x.shape[1], logp.dtype, label_smoothing, ignore_index)
     nll = -np.einsum("nc,nc->n", w, logp)
@@ -191,6 +204,19 @@ def softmax_cross_entropy_grad(
     out: np.ndarray | None = None,
 ) -> np.ndarray:
     """d loss / d x = dloss * (softmax(x) - smoothed one-hot) / (rows counted), left-out rows 0."""
+    if (
+        not label_smoothing
+        and ignore_index is None
+        and x.dtype.kind == "f"
+        and x.dtype.itemsize >= 4
+        and len(x)
+    ):
+        p = np.exp(x - np.maximum.reduce(x, axis=1)[:, None], out=out)
+        n = len(p)
+        scale = np.asarray(dloss, p.dtype) / (p.dtype.type(n) if reduction == "mean" else p.dtype.type(1))
+        np.multiply(p, np.divide(scale, np.add.reduce(p, axis=1))[:, None], out=p)
+        p[np.arange(n), target] -= scale
+        return p
     p = np.exp(log_softmax(x, axis=1))
     w, keep = _ce_weights(target, x.shape[1], p.dtype, label_smoothing, ignore_index)
     np.subtract(p, w, out=p)
@@ -288,6 +314,17 @@ def _float_then(f):
 def reduce_sum(
     data: np.ndarray, axes: np.ndarray | None = None, *, keepdims: int = 1, noop_with_empty_axes: int = 0
 ) -> np.ndarray:
+    if (  # a bias gradient (dY [n, m] over the batch), the same sum as below without the axes' bookkeeping
+        not keepdims
+        and data.ndim == 2
+        and axes is not None
+        and axes.shape == (1,)
+        and int(axes[0]) in (0, -2)
+        and data.dtype.kind == "f"
+        and data.dtype.itemsize >= 4
+        and data.shape[0]
+    ):
+        return np.add.reduce(data, axis=0)
     return _reduce("ReduceSum", data, axes, keepdims, noop_with_empty_axes, _sum, plain=True)
 
 
