@@ -121,19 +121,27 @@ def conv_grad_input(
 
 
 def _col2im(cols: np.ndarray, k, s, d, ext) -> np.ndarray:
-    """Batch-last columns [C, k..., out..., N] added into their windows: [C, ext..., N]. One spatial axis at a time
-    (the last first), so sum(k) adds rather than prod(k): 25 -> 10 for 5x5 kernels, each over a larger slab."""
+    """Batch-last columns [C, k..., out..., N] added into their windows: [C, ext..., N]. One spatial axis at a time,
+    the first first (its slabs are the longest contiguous runs), so sum(k) adds rather than prod(k): 25 -> 10 for
+    5x5 kernels, each over a larger slab."""
     nd = len(k)
     a = cols
-    for i in reversed(range(nd)):
-        o = a.shape[1 + i + 1 + i]  # the output axis i, after k0..ki and o0..o(i-1)
-        out = np.zeros(
-            a.shape[: 1 + i] + a.shape[2 + i : 2 + 2 * i] + (ext[i],) + a.shape[3 + 2 * i :], a.dtype
-        )
-        lead = (slice(None),) * (1 + 2 * i)
-        for j in range(k[i]):
+    for i in range(nd):
+        # a: [C, k_i..., ext_0..ext_(i-1), out_i..., N]; fold kernel axis i (axis 1) into output axis i (axis 1 + nd)
+        o = a.shape[1 + nd]
+        shape = a.shape[:1] + a.shape[2 : 1 + nd] + (ext[i],) + a.shape[2 + nd :]
+        lead = (slice(None),) * nd
+        first = 0
+        if s[i] == 1:  # the first offset's slab placed, the rest zeroed: no zero fill under it
+            out = np.empty(shape, a.dtype)
+            out[lead + (slice(o, None),)] = 0
+            np.copyto(out[lead + (slice(0, o),)], a[:, 0])
+            first = 1
+        else:
+            out = np.zeros(shape, a.dtype)
+        for j in range(first, k[i]):
             dst = out[lead + (slice(j * d[i], j * d[i] + (o - 1) * s[i] + 1, s[i]),)]
-            np.add(dst, a[(slice(None),) * (1 + i) + (j,)], out=dst)
+            np.add(dst, a[:, j], out=dst)
         a = out
     return a
 
