@@ -231,6 +231,8 @@ def test_conv_grads_chunked(monkeypatch):
     whole = nn_grad.conv_grad_weight(dy, x, kernel_shape=[3, 3], noutputs=2, **attrs)
     whole_dx = nn_grad.conv_grad_input(dy, w, output_shape=[7, 7], **attrs)
     monkeypatch.setattr(nn_grad, "IM2COL_BUDGET", 2 * 6 * 9 * 9 * 8)  # two batch rows per chunk
+    monkeypatch.setattr(nn_kernels, "CACHE_BUDGET", 1)  # dW's batch-last columns: one output row at a time
+    monkeypatch.setattr(nn_kernels, "GEMM_MIN_COLUMNS", 1)
     for a, b in zip(whole, nn_grad.conv_grad_weight(dy, x, kernel_shape=[3, 3], noutputs=2, **attrs)):
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(

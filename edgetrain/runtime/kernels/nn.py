@@ -473,7 +473,7 @@ def _batch_last_conv(x, w, group, k, s, p, d, oshape, y) -> None:
         writeable=False,
     )
     rows, per_row = c * math.prod(k), math.prod(oshape[1:]) * n
-    chunk = _row_chunk(oshape[0], rows * xb.itemsize, per_row)
+    chunk = row_chunk(oshape[0], rows * xb.itemsize, per_row)
     buf = np.empty(rows * per_row * chunk, x.dtype)
     ybuf = np.empty(m * per_row * chunk, x.dtype)
     w2 = w.reshape(group, m // group, rows // group)
@@ -487,7 +487,7 @@ def _batch_last_conv(x, w, group, k, s, p, d, oshape, y) -> None:
         np.copyto(y[:, :, a:b], batch_first(yb.reshape((m, b - a) + oshape[1:] + (n,))))
 
 
-def _row_chunk(n_rows: int, col_bytes: int, per_row: int) -> int:
+def row_chunk(n_rows: int, col_bytes: int, per_row: int) -> int:
     """How many output rows of batch-last columns to build and multiply at a time: few enough that the columns
     stay in cache between their copy and their GEMM (LeNet's second layer at batch 64: 1.3x), but at least
     GEMM_MIN_COLUMNS columns so that deep layers keep one large GEMM; never over the memory budget."""
