@@ -284,6 +284,25 @@ def test_conv_weight_grad_lenet_first_layer_takes_flattened_rows(monkeypatch):
     np.testing.assert_allclose(db, ref_b, rtol=1e-12, atol=1e-12)
 
 
+GI_AS_CONV_CASES = {
+    "2d_same": ((3, 3, 6, 5), (4, 3, 3, 3), {"pads": [1, 1, 1, 1]}),
+    "2d_group2_dil_asym": ((3, 4, 7, 6), (6, 2, 3, 2), {"group": 2, "dilations": [2, 1], "pads": [2, 0, 2, 1]}),
+    "1d": ((4, 3, 9), (2, 3, 5), {"pads": [2, 2]}),
+    "3d": ((2, 2, 4, 5, 4), (3, 2, 3, 1, 3), {"pads": [1, 0, 1, 1, 0, 1]}),
+}
+
+
+@pytest.mark.parametrize("case", list(GI_AS_CONV_CASES))
+def test_conv_grad_input_as_convolution(monkeypatch, case):
+    """Stride-1 convs with same-size pads: dX as the convolution of dY with the flipped, transposed kernel."""
+    calls = []
+    conv = nn_grad.im2col_conv
+    monkeypatch.setattr(nn_grad, "im2col_conv", lambda *a: calls.append(1) or conv(*a))
+    xs, ws, attrs = GI_AS_CONV_CASES[case]
+    _check("Conv", [_rand(1, *xs), _rand(2, *ws), _rand(3, ws[0])], attrs, wrt=[0])
+    assert calls
+
+
 def test_max_pool_grad_ties_go_to_the_first_maximum():
     """With ties, dY goes where onnxruntime's Indices point (edgetrain's MaxPool Indices, tested against it)."""
     x = np.random.default_rng(11).integers(0, 3, (2, 3, 6, 5)).astype(np.float32)

@@ -370,7 +370,7 @@ def conv(
         # products; with a channel multiplier, im2col's columns serve every output of a channel and win
         depthwise.conv(x, w, p, s, d, oshape, y, IM2COL_BUDGET)
     else:
-        _im2col_conv(x, w, group, k, s, p, d, oshape, y)
+        im2col_conv(x, w, group, k, s, p, d, oshape, y)
     if b is not None:
         y += b.astype(ct, copy=False).reshape((m,) + (1,) * nd)
     return deliver(y, out, dtype)
@@ -390,7 +390,7 @@ def _grouped_matmul(w2: np.ndarray, cols: np.ndarray, group: int, y: np.ndarray)
         )
 
 
-def _im2col_conv(x, w, group, k, s, p, d, oshape, y) -> None:
+def im2col_conv(x, w, group, k, s, p, d, oshape, y) -> None:
     """y = Conv(x, w) (no bias) through im2col columns and one GEMM per group, in whichever column layout
     gives the copies long contiguous runs and BLAS a large enough product."""
     if max(s) == 1 and use_flat(x.shape[2:], p, oshape, k, d):
