@@ -286,7 +286,11 @@ def test_conv_weight_grad_lenet_first_layer_takes_flattened_rows(monkeypatch):
 
 GI_AS_CONV_CASES = {
     "2d_same": ((3, 3, 6, 5), (4, 3, 3, 3), {"pads": [1, 1, 1, 1]}),
-    "2d_group2_dil_asym": ((3, 4, 7, 6), (6, 2, 3, 2), {"group": 2, "dilations": [2, 1], "pads": [2, 0, 2, 1]}),
+    "2d_group2_dil_asym": (
+        (3, 4, 7, 6),
+        (6, 2, 3, 2),
+        {"group": 2, "dilations": [2, 1], "pads": [2, 0, 2, 1]},
+    ),
     "1d": ((4, 3, 9), (2, 3, 5), {"pads": [2, 2]}),
     "3d": ((2, 2, 4, 5, 4), (3, 2, 3, 1, 3), {"pads": [1, 0, 1, 1, 0, 1]}),
 }
