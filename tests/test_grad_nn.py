@@ -307,6 +307,18 @@ def test_conv_grad_input_as_convolution(monkeypatch, case):
     assert calls
 
 
+@pytest.mark.parametrize("group", [1, 2])
+def test_pointwise_weight_grad_over_few_positions(monkeypatch, group):
+    """1x1 convs with many channels over a few positions (MobileNetV2's last layers): dW as one GEMM over the
+    batch-last copies rather than per-image products summed."""
+    calls = []
+    cols = nn_grad._weight_grad_columns
+    monkeypatch.setattr(nn_grad, "_weight_grad_columns", lambda *a: calls.append(1) or cols(*a))
+    xs, ws = ((3, 32, 1, 2), (48, 32, 1, 1)) if group == 1 else ((3, 64, 1, 1), (96, 32, 1, 1))
+    _check("Conv", [_rand(1, *xs), _rand(2, *ws), _rand(3, ws[0])], {"group": group}, wrt=[1, 2])
+    assert calls
+
+
 def test_max_pool_grad_ties_go_to_the_first_maximum():
     """With ties, dY goes where onnxruntime's Indices point (edgetrain's MaxPool Indices, tested against it)."""
     x = np.random.default_rng(11).integers(0, 3, (2, 3, 6, 5)).astype(np.float32)

@@ -190,8 +190,16 @@ def conv_grad_weight(
         "ConvGradWeight", x.shape[2:], k, group, (n, c), m, dy, dilations, pads, strides
     )
     dtype, x, dy = x.dtype, x.astype(ct, copy=False), dy.astype(ct, copy=False)
-    if max(k) == 1 and oshape == x.shape[2:] and not any(p):
-        # pointwise: the columns are X itself; per image dY @ X^T summed over the batch, no transposes
+    npos = math.prod(oshape)
+    if (
+        max(k) == 1
+        and oshape == x.shape[2:]
+        and not any(p)
+        and (m // group) * (c // group) <= 8 * (m + c) * npos
+    ):
+        # pointwise: the columns are X itself; per image dY @ X^T summed over the batch, no transposes (unless the
+        # per-image products [M, C] outweigh the images: then one GEMM over batch-last copies, 6x for MobileNetV2's
+        # 1280x320 on 2x2)
         dyg = dy.reshape(n, group, m // group, -1)
         dw = np.matmul(dyg, x.reshape(n, group, c // group, -1).transpose(0, 1, 3, 2)).sum(axis=0)
         db = (dy.reshape(n, m, -1) @ np.ones(dyg.shape[-1], ct)).sum(axis=0) if noutputs > 1 else None
