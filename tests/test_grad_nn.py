@@ -319,6 +319,28 @@ def test_pointwise_weight_grad_over_few_positions(monkeypatch, group):
     assert calls
 
 
+@pytest.mark.parametrize("positions_max", [0, 16])
+@pytest.mark.parametrize("case", ["depthwise_wide", "depthwise_wide_mult2_s2", "5x5_2x2", "one_channel"])
+def test_depthwise_few_positions_both_paths(monkeypatch, positions_max, case):
+    """Depthwise dX and dW over a few output positions: on those positions (dead offsets skipped) and, with that
+    path off, on the phase grid."""
+    from edgetrain.runtime.kernels import depthwise
+
+    monkeypatch.setattr(depthwise, "POSITIONS_MAX", positions_max)
+    calls = []
+    for name in ("_grad_input_positions", "_grad_weight_positions"):
+        fn = getattr(depthwise, name)
+        monkeypatch.setattr(depthwise, name, lambda *a, fn=fn: calls.append(fn.__name__) or fn(*a))
+    extra = {
+        "5x5_2x2": ((2, 12, 2, 2), (12, 1, 5, 5), {"group": 12, "pads": [2, 2, 2, 2]}),
+        "one_channel": ((2, 1, 3, 4), (3, 1, 3, 3), {"pads": [1, 1, 1, 1]}),
+    }
+    xs, ws, attrs = extra.get(case) or CONV_CASES[case]
+    _check("Conv", [_rand(1, *xs), _rand(2, *ws), _rand(3, ws[0])], attrs)
+    expected = {"_grad_input_positions", "_grad_weight_positions"}
+    assert set(calls) == (expected if positions_max else set())
+
+
 def test_max_pool_grad_ties_go_to_the_first_maximum():
     """With ties, dY goes where onnxruntime's Indices point (edgetrain's MaxPool Indices, tested against it)."""
     x = np.random.default_rng(11).integers(0, 3, (2, 3, 6, 5)).astype(np.float32)

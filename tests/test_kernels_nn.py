@@ -107,6 +107,24 @@ def test_depthwise_conv_many_channels_few_pixels_vs_onnxruntime(mult, strides):
     for n in (1, 3):
         x, w, b = _rand(rng, (n, 48, 3, 4)), _rand(rng, (48 * mult, 1, 3, 3)), _rand(rng, (48 * mult,))
         _check("Conv", [x, w, b], {"group": 48, "pads": [1, 1, 1, 1], "strides": strides})
+@pytest.mark.parametrize("positions_max", [0, 16])
+@pytest.mark.parametrize("mult,strides,k", [(1, [1, 1], 3), (2, [2, 2], 3), (1, [1, 1], 5)])
+def test_depthwise_conv_few_positions_both_paths(monkeypatch, positions_max, mult, strides, k):
+    """Mobile nets' last layers (hundreds of channels over 2x2..4x4): on their own output positions
+    (depthwise._conv_positions, dead offsets skipped) and, with that path off, on the phase grid."""
+    from edgetrain.runtime.kernels import depthwise
+
+    monkeypatch.setattr(depthwise, "POSITIONS_MAX", positions_max)
+    calls = []
+    fn = depthwise._conv_positions
+    monkeypatch.setattr(depthwise, "_conv_positions", lambda *a: calls.append(1) or fn(*a))
+    rng = np.random.default_rng(mult * 10 + k)
+    x, w, b = _rand(rng, (3, 40, 2, 3)), _rand(rng, (40 * mult, 1, k, k)), _rand(rng, (40 * mult,))
+    _check("Conv", [x, w, b], {"group": 40, "pads": [k // 2] * 4, "strides": strides})
+    # with a channel multiplier the forward takes im2col's columns (nn.conv), not the depthwise kernel
+    assert bool(calls) == (positions_max > 0 and mult == 1)
+
+
 CONV_CASES = [
     (nd, geo, grp)
     for nd in (1, 2, 3)

@@ -27,26 +27,27 @@ PKG = "edgetrain.runtime.kernels"
 
 
 def load_rev(rev: str) -> tuple[types.ModuleType, types.ModuleType]:
-    """nn and nn_grad as of git revision rev, loaded as modules of their own beside today's."""
-    mods = []
+    """nn and nn_grad (and the depthwise module they use) as of git revision rev, loaded as modules of their own
+    beside today's."""
+    mods = {}
     kernels, registry.KERNELS = registry.KERNELS, {}  # the old kernels register into a throwaway table
     try:
-        for name in ("nn", "nn_grad"):
+        for name in ("depthwise", "nn", "nn_grad"):
             path = f"{PKG.replace('.', '/')}/{name}.py"
             src = subprocess.run(
                 ["git", "show", f"{rev}:{path}"], cwd=ROOT, check=True, capture_output=True, text=True
             ).stdout
+            for dep in ("nn", "depthwise"):
+                src = src.replace(f"from .{dep} import", f"from ._rev_{dep} import")
+            src = src.replace("from . import depthwise", "from . import _rev_depthwise as depthwise")
             mod = types.ModuleType(f"{PKG}._rev_{name}")
             mod.__package__ = PKG
             sys.modules[mod.__name__] = mod
-            exec(
-                compile(src.replace("from .nn import", "from ._rev_nn import"), f"{rev}:{path}", "exec"),
-                mod.__dict__,
-            )
-            mods.append(mod)
+            exec(compile(src, f"{rev}:{path}", "exec"), mod.__dict__)
+            mods[name] = mod
     finally:
         registry.KERNELS = kernels
-    return mods[0], mods[1]
+    return mods["nn"], mods["nn_grad"]
 
 
 def median_ms(fns, repeat: int) -> list[float]:
@@ -116,18 +117,23 @@ def cases(rng):
             ),
         ]
     # MobileNetV2-like depthwise 3x3 layers: (batch, channels, size, stride, multiplier)
-    for n, c, h, s, mult in (
-        (8, 32, 32, 1, 1),
-        (8, 32, 32, 2, 1),
-        (4, 96, 32, 2, 1),
-        (4, 144, 16, 1, 1),
-        (8, 16, 32, 1, 2),
+    # and the late layers of MobileNetV2/V3 at 64x64 inputs (hundreds of channels over 2x2 and 4x4, 3x3 and 5x5)
+    for n, c, h, s, mult, k in (
+        (8, 32, 32, 1, 1, 3),
+        (8, 32, 32, 2, 1, 3),
+        (4, 96, 32, 2, 1, 3),
+        (4, 144, 16, 1, 1, 3),
+        (8, 16, 32, 1, 2, 3),
+        (8, 960, 2, 1, 1, 3),
+        (8, 384, 4, 1, 1, 3),
+        (8, 576, 2, 1, 1, 5),
+        (8, 240, 4, 1, 1, 5),
     ):
-        x, w, b = r(n, c, h, h), r(c * mult, 1, 3, 3), r(c * mult)
-        o = (h + 2 - 3) // s + 1
+        x, w, b = r(n, c, h, h), r(c * mult, 1, k, k), r(c * mult)
+        o = (h + 2 * (k // 2) - k) // s + 1
         dy = r(n, c * mult, o, o)
-        at = {"group": c, "pads": [1, 1, 1, 1], "strides": [s, s]}
-        tag = f"dw b{n} c{c}x{mult} {h}x{h} s{s}"
+        at = {"group": c, "pads": [k // 2] * 4, "strides": [s, s]}
+        tag = f"dw b{n} c{c}x{mult} {h}x{h} k{k} s{s}"
         y = np.empty((n, c * mult, o, o), f32)
         out += [
             (f"{tag} Conv", lambda a, g, x=x, w=w, b=b, at=at, y=y: lambda: a.conv(x, w, b, **at, out=y)),
@@ -139,8 +145,8 @@ def cases(rng):
             ),
             (
                 f"{tag} ConvGradWeight",
-                lambda a, g, x=x, dy=dy, at=at: (
-                    lambda: g.conv_grad_weight(dy, x, kernel_shape=[3, 3], noutputs=2, **at)
+                lambda a, g, x=x, dy=dy, at=at, k=k: (
+                    lambda: g.conv_grad_weight(dy, x, kernel_shape=[k, k], noutputs=2, **at)
                 ),
             ),
         ]
