@@ -58,8 +58,10 @@ def test_twenty_steps_follow_pytorch(tmp_path, model, trainable):
         loss.backward()
         opt.step()
         ours = sess.train_step(x, y)
-        # abs: once a loss nears 0, float32 log-softmax (ours) against float64 (torch) is limited to ~1e-7
-        assert ours == pytest.approx(loss.item(), rel=1e-4, abs=1e-6), f"{model} step {step}"
+        # float32 (ours) against float64 (torch): the first step agrees to ~3e-8, but at lr 0.05 with momentum the
+        # loss swings (LeNet head-only: 6.7 -> 0.02 -> 0.7 -> 0.04 within 20 steps) and rounding differences grow
+        # to ~1e-5 of the loss's scale (~1), so a loss that dips near 0 gets an absolute bound of that size
+        assert ours == pytest.approx(loss.item(), rel=1e-4, abs=2e-5), f"{model} step {step}"
     params = sess.parameters()
     for n, p in by_onnx.items():
         if n not in art.parameters:
