@@ -128,3 +128,11 @@ def assert_close(
         np.testing.assert_allclose(actual, expected, rtol=rtol, atol=atol, err_msg=what, equal_nan=True)
     else:
         np.testing.assert_array_equal(actual, expected, err_msg=what)
+
+
+def spy(monkeypatch, module, name: str) -> list:
+    """Wraps module.name so that each call appends 1 to the returned list: a test can check a path was taken."""
+    calls: list = []
+    fn = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a: calls.append(1) or fn(*a))
+    return calls

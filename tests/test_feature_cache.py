@@ -220,6 +220,27 @@ def test_full_fine_tuning_has_nothing_to_cache(tmp_path):
     assert not info["enabled"] and "full fine-tuning" in info["reason"]
 
 
+def test_a_first_node_that_mixes_samples_is_named(tmp_path):
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Softmax", ["input"], ["s"], axis=0),
+            helper.make_node("Gemm", ["s", "w", "b"], ["logits"], transB=1),
+        ],
+        "batch_softmax",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [BATCH, 8])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [BATCH, 3])],
+        [
+            numpy_helper.from_array(rng.standard_normal((3, 8)).astype(np.float32), "w"),
+            _const("b", np.zeros(3)),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    info = et.TrainingSession(_artifact(tmp_path, model, ["w", "b"])).enable_feature_cache()
+    assert not info["enabled"] and "(Softmax): it mixes the samples of a batch" in info["reason"], info
+
+
 def test_only_a_scaling_before_the_trained_part_is_not_cached(tmp_path):
     rng = np.random.default_rng(0)
     graph = helper.make_graph(

@@ -84,11 +84,13 @@ def test_a_custom_optimizer_runs_its_graph(tmp_path):
 @pytest.mark.parametrize(
     "loss",
     [
+        et.CrossEntropyLoss(),
+        et.CrossEntropyLoss(reduction="sum"),
         et.CrossEntropyLoss(label_smoothing=0.1),
         et.CrossEntropyLoss(ignore_index=-100),
         et.CrossEntropyLoss(reduction="sum", ignore_index=3, label_smoothing=0.2),
     ],
-    ids=["smoothing", "ignore", "sum-ignore-smoothing"],
+    ids=["plain", "plain-sum", "smoothing", "ignore", "sum-ignore-smoothing"],
 )
 def test_fused_cross_entropy_follows_its_standard_op_body_in_onnxruntime(tmp_path, loss):
     """The fused softmax cross-entropy and its gradient kernel against onnxruntime running the training step

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from grad_harness import build, check_grad
+from kernel_harness import spy
 
 from edgetrain.autodiff import GradContext, ShapedBuilder, inline_private
 from edgetrain.autodiff.driver import RULES
@@ -38,7 +39,11 @@ CONV_CASES = {
     "depthwise_stride2": ((1, 4, 7, 7), (4, 1, 3, 3), {"group": 4, "strides": [2, 2], "pads": [0, 1, 1, 0]}),
     # many channels over a few pixels: the depthwise kernels' channels-last layout (a row per position)
     "depthwise_wide": ((2, 40, 3, 3), (40, 1, 3, 3), {"group": 40, "pads": [1, 1, 1, 1]}),
-    "depthwise_wide_mult2_s2": ((1, 20, 4, 4), (40, 1, 3, 3), {"group": 20, "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    "depthwise_wide_mult2_s2": (
+        (1, 20, 4, 4),
+        (40, 1, 3, 3),
+        {"group": 20, "strides": [2, 2], "pads": [1, 1, 1, 1]},
+    ),
     "same_upper_dil": (
         (2, 2, 7, 6),
         (3, 2, 3, 3),
@@ -261,9 +266,7 @@ def test_conv_flattened_rows(monkeypatch, case):
     monkeypatch.setattr(nn_kernels, "FLAT_MAX_WASTE", 100.0)
     monkeypatch.setattr(nn_kernels, "CACHE_BUDGET", 1)
     monkeypatch.setattr(nn_grad, "CACHE_BUDGET", 1)
-    calls = []
-    flat = nn_grad._weight_grad_flat
-    monkeypatch.setattr(nn_grad, "_weight_grad_flat", lambda *a: calls.append(1) or flat(*a))
+    calls = spy(monkeypatch, nn_grad, "_weight_grad_flat")
     xs, ws, attrs = FLAT_CASES[case]
     _check("Conv", [_rand(1, *xs), _rand(2, *ws), _rand(3, ws[0])], attrs)
     assert calls
@@ -272,9 +275,7 @@ def test_conv_flattened_rows(monkeypatch, case):
 def test_conv_weight_grad_lenet_first_layer_takes_flattened_rows(monkeypatch):
     """LeNet's first layer (one input channel, 28x28, pads 2) at the default thresholds: dW and dB through the
     flattened rows, equal to the batch-last columns' in float64."""
-    calls = []
-    flat = nn_grad._weight_grad_flat
-    monkeypatch.setattr(nn_grad, "_weight_grad_flat", lambda *a: calls.append(1) or flat(*a))
+    calls = spy(monkeypatch, nn_grad, "_weight_grad_flat")
     dy, x = _rand(1, 3, 6, 28, 28), _rand(2, 3, 1, 28, 28)
     dw, db = nn_grad.conv_grad_weight(dy, x, kernel_shape=[5, 5], pads=[2] * 4, noutputs=2)
     assert calls
@@ -299,9 +300,7 @@ GI_AS_CONV_CASES = {
 @pytest.mark.parametrize("case", list(GI_AS_CONV_CASES))
 def test_conv_grad_input_as_convolution(monkeypatch, case):
     """Stride-1 convs with same-size pads: dX as the convolution of dY with the flipped, transposed kernel."""
-    calls = []
-    conv = nn_grad.im2col_conv
-    monkeypatch.setattr(nn_grad, "im2col_conv", lambda *a: calls.append(1) or conv(*a))
+    calls = spy(monkeypatch, nn_grad, "im2col_conv")
     xs, ws, attrs = GI_AS_CONV_CASES[case]
     _check("Conv", [_rand(1, *xs), _rand(2, *ws), _rand(3, ws[0])], attrs, wrt=[0])
     assert calls
@@ -311,9 +310,7 @@ def test_conv_grad_input_as_convolution(monkeypatch, case):
 def test_pointwise_weight_grad_over_few_positions(monkeypatch, group):
     """1x1 convs with many channels over a few positions (MobileNetV2's last layers): dW as one GEMM over the
     batch-last copies rather than per-image products summed."""
-    calls = []
-    cols = nn_grad._weight_grad_columns
-    monkeypatch.setattr(nn_grad, "_weight_grad_columns", lambda *a: calls.append(1) or cols(*a))
+    calls = spy(monkeypatch, nn_grad, "_weight_grad_columns")
     xs, ws = ((3, 32, 1, 2), (48, 32, 1, 1)) if group == 1 else ((3, 64, 1, 1), (96, 32, 1, 1))
     _check("Conv", [_rand(1, *xs), _rand(2, *ws), _rand(3, ws[0])], {"group": group}, wrt=[1, 2])
     assert calls

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from kernel_harness import assert_close, node_cases, ort_run, ref_run
+from kernel_harness import assert_close, node_cases, ort_run, ref_run, spy
 
 from edgetrain.errors import ShapeError, UnsupportedError
 from edgetrain.runtime.kernels import KERNELS
@@ -107,6 +107,8 @@ def test_depthwise_conv_many_channels_few_pixels_vs_onnxruntime(mult, strides):
     for n in (1, 3):
         x, w, b = _rand(rng, (n, 48, 3, 4)), _rand(rng, (48 * mult, 1, 3, 3)), _rand(rng, (48 * mult,))
         _check("Conv", [x, w, b], {"group": 48, "pads": [1, 1, 1, 1], "strides": strides})
+
+
 @pytest.mark.parametrize("positions_max", [0, 16])
 @pytest.mark.parametrize("mult,strides,k", [(1, [1, 1], 3), (2, [2, 2], 3), (1, [1, 1], 5)])
 def test_depthwise_conv_few_positions_both_paths(monkeypatch, positions_max, mult, strides, k):
@@ -115,9 +117,7 @@ def test_depthwise_conv_few_positions_both_paths(monkeypatch, positions_max, mul
     from edgetrain.runtime.kernels import depthwise
 
     monkeypatch.setattr(depthwise, "POSITIONS_MAX", positions_max)
-    calls = []
-    fn = depthwise._conv_positions
-    monkeypatch.setattr(depthwise, "_conv_positions", lambda *a: calls.append(1) or fn(*a))
+    calls = spy(monkeypatch, depthwise, "_conv_positions")
     rng = np.random.default_rng(mult * 10 + k)
     x, w, b = _rand(rng, (3, 40, 2, 3)), _rand(rng, (40 * mult, 1, k, k)), _rand(rng, (40 * mult,))
     _check("Conv", [x, w, b], {"group": 40, "pads": [k // 2] * 4, "strides": strides})
@@ -188,9 +188,7 @@ def test_conv_flattened_rows_vs_onnxruntime(monkeypatch, nd, geo, grp):
     monkeypatch.setattr(nn_kernels, "FLAT_MIN_POSITIONS", 1)
     monkeypatch.setattr(nn_kernels, "FLAT_MAX_WASTE", 100.0)
     monkeypatch.setattr(nn_kernels, "CACHE_BUDGET", 1)
-    calls = []
-    flat = nn_kernels._flat_conv
-    monkeypatch.setattr(nn_kernels, "_flat_conv", lambda *a: calls.append(1) or flat(*a))
+    calls = spy(monkeypatch, nn_kernels, "_flat_conv")
     rng = np.random.default_rng(7 * nd + len(geo))
     cin, cout, group = CONV_GROUPS[grp]
     k = _axes(CONV_KERNEL.get(geo, [3, 2]), nd)
@@ -203,9 +201,7 @@ def test_conv_flattened_rows_vs_onnxruntime(monkeypatch, nd, geo, grp):
 def test_conv_lenet_sizes_take_their_path(monkeypatch, path):
     """LeNet's layers at their real sizes (the default thresholds): the 28x28 one through the flattened rows, the
     10x10 one through batch-last columns."""
-    calls = []
-    fn = getattr(nn_kernels, path)
-    monkeypatch.setattr(nn_kernels, path, lambda *a: calls.append(1) or fn(*a))
+    calls = spy(monkeypatch, nn_kernels, path)
     rng = np.random.default_rng(8)
     if path == "_flat_conv":
         x, w, b = _rand(rng, (5, 1, 28, 28)), _rand(rng, (6, 1, 5, 5)), _rand(rng, (6,))

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -108,16 +108,9 @@ def _on_axis(default: int, attr: str = "axis") -> Callable[[Node, _Facts], str]:
         x = n.inputs[0]
         if _axis(int(n.attrs.get(attr, default)), f.rank(x)) == 0:
             return MIXED
-        return _elementwise_inputs(n, f) if n.op_type == "Concat" else _per_sample(n, f)
+        return _elementwise(n, f) if n.op_type == "Concat" else _per_sample(n, f)
 
     return rule
-
-
-def _elementwise_inputs(n: Node, f: _Facts) -> str:
-    """Concat: every input a row or rows all equal."""
-    rank = f.rank(n.outputs[0])
-    ok = all(f.is_row(i, rank) or f.same_for_all(i, rank) for i in n.inputs if i)
-    return ROW if ok and f.shape(n.outputs[0])[0] == f.batch else MIXED
 
 
 def _axes_rule(n: Node, f: _Facts) -> str:
@@ -299,13 +292,14 @@ class Split:
     boundary: list[str]
     prefix_nodes: int  # data-dependent nodes moved into the prefix
     total_nodes: int
-    stops: list[str] = field(default_factory=list)  # the nodes where the frozen part ends, as users read them
 
 
-def split_step(graph: Graph, data_inputs: Sequence[str], batch: int | None) -> tuple[Split | None, str]:
+def split_step(graph: Graph, data_inputs: Sequence[str]) -> tuple[Split | None, str]:
     """(the step cut after its frozen prefix, "") or (None, why there is nothing worth caching)."""
-    if batch is None:
+    first = graph.values[data_inputs[0]]
+    if not first.is_static or not first.shape:
         return None, "the training program's batch is symbolic"
+    batch = int(first.shape[0])
     f = _Facts(graph, batch)
     for name in data_inputs:
         info = graph.values[name]
@@ -317,7 +311,7 @@ def split_step(graph: Graph, data_inputs: Sequence[str], batch: int | None) -> t
                 consumers.setdefault(i, []).append(n)
     in_prefix: list[Node] = []  # data-dependent, rows apart
     const_nodes: list[Node] = []
-    stops: list[str] = []
+    stop = ""  # the first node the cut stops at, as users read it
     for n in graph.nodes:
         ins = [i for i in n.inputs if i]
         if any(i not in f.state for i in ins) or n.op_type in RANDOM or n.domain not in ("", "ai.onnx"):
@@ -336,7 +330,8 @@ def split_step(graph: Graph, data_inputs: Sequence[str], batch: int | None) -> t
         except (IndexError, KeyError, TypeError, ValueError):  # a shape or constant the rule cannot read
             st = MIXED
         if st == MIXED:
-            stops.append(f"{n.label}: {'no rule' if rule is None else 'its samples mix'}")
+            why = "no rule says it keeps samples apart" if rule is None else "it mixes the samples of a batch"
+            stop = stop or f"{n.label}: {why}"
             for o in n.outputs:
                 if o:
                     f.state[o] = MIXED
@@ -346,6 +341,8 @@ def split_step(graph: Graph, data_inputs: Sequence[str], batch: int | None) -> t
                 f.state[o] = ROW
         in_prefix.append(n)
     if not in_prefix:
+        if stop:
+            return None, f"nothing frozen can be cached from the first node on ({stop})"
         return None, "the first node that reads the input also reads a trained parameter (full fine-tuning)"
     if not any(n.op_type in HEAVY for n in in_prefix):
         ops = sorted({n.op_type for n in in_prefix})
@@ -367,7 +364,7 @@ def split_step(graph: Graph, data_inputs: Sequence[str], batch: int | None) -> t
     )
     suffix_inputs = [i for i in graph.inputs if i in read_later or i not in data_inputs]
     suffix = prune(graph.copy(nodes=rest, inputs=suffix_inputs + boundary))
-    return Split(prefix, suffix, boundary, len(in_prefix), len(graph.nodes), stops[:3]), ""
+    return Split(prefix, suffix, boundary, len(in_prefix), len(graph.nodes)), ""
 
 
 # ---- the cache ---------------------------------------------------------------------------------------------------

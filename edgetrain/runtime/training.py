@@ -172,10 +172,7 @@ class TrainingSession:
         budget = DEFAULT_MAX_BYTES if max_bytes is None else int(max_bytes)
         if budget < 0:
             raise FeedError(f"max_bytes must be >= 0, not {max_bytes}")
-        g = self._step_program.graph
-        shape = g.values[self._io["data_inputs"][0]].shape
-        batch = int(shape[0]) if shape and isinstance(shape[0], (int, np.integer)) else None
-        split, reason = split_step(g, self._io["data_inputs"], batch)
+        split, reason = split_step(self._step_program.graph, self._io["data_inputs"])
         if split is None:
             self._cache, self._cache_reason = None, reason
         else:

@@ -158,6 +158,22 @@ def _ce_weights(target: np.ndarray, c: int, dtype, label_smoothing: float, ignor
     return w, None if keep is None else keep.astype(dtype)
 
 
+def _plain_ce(x: np.ndarray, label_smoothing: float, ignore_index) -> bool:
+    """No smoothing, no ignored rows, float32/64 logits, rows at all: the case the short paths below take."""
+    return (
+        not label_smoothing
+        and ignore_index is None
+        and x.dtype.kind == "f"
+        and x.dtype.itemsize >= 4
+        and len(x) > 0
+    )
+
+
+def _shifted_rows(x: np.ndarray) -> np.ndarray:
+    """x [n, c] minus each row's maximum (keepdims=True would cost more than the whole subtraction)."""
+    return x - np.maximum.reduce(x, axis=1)[:, None]
+
+
 @kernel("SoftmaxCrossEntropy", domain=PRIVATE_DOMAIN)
 def softmax_cross_entropy(
     x: np.ndarray,
@@ -169,15 +185,9 @@ def softmax_cross_entropy(
 ) -> np.ndarray:
     """The cross-entropy of logits x [n, c] against class labels [n] as CrossEntropyLoss builds it in standard ops
     (log-softmax, smoothed one-hot, the rows an ignore_index leaves out), in a few numpy calls."""
-    if (
-        not label_smoothing
-        and ignore_index is None
-        and x.dtype.kind == "f"
-        and x.dtype.itemsize >= 4
-        and len(x)
-    ):
+    if _plain_ce(x, label_smoothing, ignore_index):
         # the plain case in eight calls: log-sum-exp of the shifted rows minus each row's picked logit
-        y = x - np.maximum.reduce(x, axis=1)[:, None]  # (keepdims=True costs more than the whole subtraction)
+        y = _shifted_rows(x)
         lse = np.log(np.add.reduce(np.exp(y), axis=1))
         nll = lse - y[np.arange(len(y)), target]
         total = np.add.reduce(nll)
@@ -204,14 +214,8 @@ def softmax_cross_entropy_grad(
     out: np.ndarray | None = None,
 ) -> np.ndarray:
     """d loss / d x = dloss * (softmax(x) - smoothed one-hot) / (rows counted), left-out rows 0."""
-    if (
-        not label_smoothing
-        and ignore_index is None
-        and x.dtype.kind == "f"
-        and x.dtype.itemsize >= 4
-        and len(x)
-    ):
-        p = np.exp(x - np.maximum.reduce(x, axis=1)[:, None], out=out)
+    if _plain_ce(x, label_smoothing, ignore_index):
+        p = np.exp(_shifted_rows(x), out=out)
         n = len(p)
         scale = np.asarray(dloss, p.dtype) / (p.dtype.type(n) if reduction == "mean" else p.dtype.type(1))
         np.multiply(p, np.divide(scale, np.add.reduce(p, axis=1))[:, None], out=p)
