@@ -2,7 +2,7 @@
 rules build with, and the standard-op bodies of edgetrain's fused backward ops."""
 
 from .context import GradContext, ShapedBuilder
-from .driver import RULES, differentiate, grad
+from .driver import RULES, backprop, differentiate, grad
 from .functions import BODIES, body, expand_body, inline_private
 
 __all__ = [
@@ -11,6 +11,7 @@ __all__ = [
     "GradContext",
     "ShapedBuilder",
     "body",
+    "backprop",
     "differentiate",
     "expand_body",
     "grad",

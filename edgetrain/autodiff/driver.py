@@ -43,21 +43,37 @@ def _is_float(ctx: GradContext, name: str) -> bool:
 def differentiate(ctx: GradContext, loss: str, wrt: Sequence[str]) -> dict[str, str | None]:
     """Appends the backward of ctx's graph to it and returns {parameter: its gradient value}, or None for a
     parameter the loss does not depend on."""
-    from . import rules  # noqa: F401  (registers the rule table)
-
     nodes = list(ctx.graph.nodes)
-    active = {w for w in wrt}  # values that depend on a trainable parameter through float paths
-    for n in nodes:
-        if any(i in active for i in n.inputs if i):
-            active.update(o for o in n.outputs if o and _is_float(ctx, o))
-    if loss not in active:
+    if loss not in _active(ctx, nodes, wrt):
         raise UnsupportedError(
             f"the loss '{loss}' does not depend on any trainable parameter; "
             "check the trainable= names or patterns"
         )
-    grads: dict[str, list[str]] = {loss: [ctx.scalar_like(1.0, loss, hint="loss_grad_seed")]}
+    seed = ctx.scalar_like(1.0, loss, hint="loss_grad_seed")
     if ctx.shape(loss) != ():
-        grads[loss] = [ctx.op("Expand", grads[loss][0], ctx.ints(ctx.shape(loss), hint="shape"))]
+        seed = ctx.op("Expand", seed, ctx.ints(ctx.shape(loss), hint="shape"))
+    return backprop(ctx, nodes, {loss: seed}, wrt)
+
+
+def _active(ctx: GradContext, nodes: Sequence[Node], wrt: Sequence[str]) -> set[str]:
+    """The values that depend on a value in wrt through float paths."""
+    active = set(wrt)
+    for n in nodes:
+        if any(i in active for i in n.inputs if i):
+            active.update(o for o in n.outputs if o and _is_float(ctx, o))
+    return active
+
+
+def backprop(
+    ctx: GradContext, nodes: Sequence[Node], seeds: dict[str, str], wrt: Sequence[str]
+) -> dict[str, str | None]:
+    """The vector-Jacobian product through nodes (in topological order, already in ctx's graph): given the
+    gradients (seeds) of some of their values, appends the backward and returns {w: gradient of w} for w in wrt
+    (None where no seed depends on w)."""
+    from . import rules  # noqa: F401  (registers the rule table)
+
+    active = _active(ctx, nodes, wrt)
+    grads: dict[str, list[str]] = {v: [s] for v, s in seeds.items() if s}
 
     def total(value: str) -> str | None:
         parts = grads.get(value)

@@ -69,7 +69,10 @@ def expand_body(graph: Graph, node: Node) -> Graph:
     values = dict(g.values)
     for r, o in rename.items():
         values[o] = g.values[r]
-    return g.copy(nodes=nodes, outputs=[o for o in node.outputs if o], values=values)
+    out = g.copy(nodes=nodes, outputs=[o for o in node.outputs if o], values=values)
+    if any(n.domain == PRIVATE_DOMAIN for n in out.nodes):  # a body built by gradient rules may use fused ops
+        out = inline_private(out)
+    return out
 
 
 def inline_private(graph: Graph) -> Graph:

@@ -420,3 +420,10 @@ def _resize_matrices(g: GradContext, node: Node, xs: tuple[int, ...]) -> list[tu
             w[(src < 0) | (src > n_in - 1)] = 0.0
         out.append((a, w))
     return out
+
+
+# y = each sequence reversed within its length (a permutation that is its own inverse): dx = the same of dy
+@grad("ReverseSequence")
+def reverse_sequence_grad(g: GradContext, node: Node, dys: Grads, needs: list[bool]) -> Grads:
+    attrs = {k: node.attrs[k] for k in ("batch_axis", "time_axis") if k in node.attrs}
+    return [g.op("ReverseSequence", dys[0], node.inputs[1], **attrs)]

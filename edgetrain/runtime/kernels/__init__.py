@@ -16,7 +16,18 @@ from . import registry
 from .registry import Kernel, kernel
 
 # the modules whose @kernel registrations make up the table
-MODULES = ("activations", "cast", "elementwise", "indexing", "math", "nn", "nn_grad", "resize", "tensor")
+MODULES = (
+    "activations",
+    "cast",
+    "elementwise",
+    "indexing",
+    "math",
+    "nn",
+    "nn_grad",
+    "recurrent",
+    "resize",
+    "tensor",
+)
 
 _lock = RLock()
 _loaded = False

@@ -206,3 +206,27 @@ def top_k(
         idx = np.argsort(X, axis=a, kind="stable")[(slice(None),) * a + (slice(0, k),)]
     idx = idx.astype(np.int64, copy=False)
     return np.take_along_axis(X, idx, axis=a), idx
+
+
+@kernel("ReverseSequence")
+def reverse_sequence(
+    input: np.ndarray, sequence_lens: np.ndarray, *, batch_axis: int = 1, time_axis: int = 0
+) -> np.ndarray:
+    """Each batch element's first sequence_lens[b] steps along time_axis reversed, the rest copied."""
+    if sorted((batch_axis, time_axis)) != [0, 1] or input.ndim < 2:
+        raise UnsupportedError(
+            f"ReverseSequence: batch_axis={batch_axis}, time_axis={time_axis}; the spec allows 0 and 1 "
+            "(one each) on an input of rank 2 or more"
+        )
+    lens = np.asarray(sequence_lens).astype(np.int64).reshape(-1)
+    t_len, n = input.shape[time_axis], input.shape[batch_axis]
+    if lens.shape != (n,) or (lens < 0).any() or (lens > t_len).any():
+        raise ShapeError(
+            f"ReverseSequence: sequence_lens {lens.tolist()} must hold {n} lengths between 0 and {t_len}"
+        )
+    t = np.arange(t_len)[:, None]
+    idx = np.where(t < lens[None, :], lens[None, :] - 1 - t, t)  # [T, N]
+    cols = np.arange(n)[None, :]
+    if time_axis == 0:
+        return input[idx, cols]
+    return input[cols.T, idx.T]
