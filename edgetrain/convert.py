@@ -17,9 +17,16 @@ from .errors import UnsupportedError
 from .ir import Graph, TensorInfo
 from .losses import ILoss
 from .optimizers import IOptimizer, TrainingContext
-from .params import Roles, find_roles, select_trainable, untie_merged
+from .params import Roles, find_roles, refold_copies, select_trainable, untie_merged
 from .passes import fold_constants, make_static, prune
-from .rebatch import BatchPlan, apply_batch_plan, find_batch_plan, fixed_batch, verify_batch_plan
+from .rebatch import (
+    BatchPlan,
+    apply_batch_plan,
+    batch_free_states,
+    find_batch_plan,
+    fixed_batch,
+    verify_batch_plan,
+)
 
 UPDATED = ".updated"  # output name of the next value of a parameter or state tensor: f"{name}.updated"
 
@@ -143,12 +150,17 @@ def convert(
     # Roles are decided on the graph as imported, before anything is folded; folding then never goes through a
     # parameter (an embedding table gathered at constant positions stays a table that trains).
     imported, untied = untie_merged(imported)
+    imported, states = batch_free_states(imported)
+    untied += states
     roles = find_roles(imported)
+    imported, refolded = refold_copies(imported, roles)
+    if refolded:
+        roles = find_roles(imported)
     chosen = select_trainable(roles, trainable)
     base = fold_constants(imported, fold_shapes=False, keep=set(roles.parameters) | set(chosen))
     roles = roles.finalize(base)
     plan, notes = _rebatch(base, batch_size)
-    notes = untied + notes
+    notes = untied + refolded + notes
     static_source = base if plan is None else apply_batch_plan(base, plan, batch_size)
     inference = make_static(static_source, batch_size=batch_size, keep=chosen)
     inference.verify(static=True)

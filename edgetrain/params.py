@@ -342,3 +342,54 @@ def _materialize(graph: Graph, identities: set[Node]) -> Graph:
             values[alias] = TensorInfo(arr.dtype, tuple(int(d) for d in arr.shape))
     kept = [n for n in graph.nodes if n not in identities]
     return graph.copy(nodes=kept, initializers=inits, values=values)
+
+
+def refold_copies(graph: Graph, roles: Roles) -> tuple[Graph, list[str]]:
+    """Undoes an exporter's folding of a parameter into a constant: the dynamo exporter unrolls nn.RNN and folds its
+    first step's h0 @ W_hh^T + b_hh (h0 = 0) into a constant holding b_hh broadcast over the batch, so b_hh would
+    train everywhere but there. A float constant that is exactly a parameter broadcast to a larger shape (a
+    parameter with at least two distinct values: random values do not repeat by chance) is read as an Expand of
+    that parameter instead, and trains with it."""
+    params = {
+        p: graph.initializers[p]
+        for p in roles.parameters
+        if p in graph.initializers and np.asarray(graph.initializers[p]).dtype.kind == "f"
+    }
+    params = {p: v for p, v in params.items() if v.size >= 2 and np.unique(v).size >= 2}
+    by_size: dict[int, list[str]] = {}
+    for p, v in params.items():
+        by_size.setdefault(int(np.unique(v).size), []).append(p)
+    swaps: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for name in roles.constants:
+        c = graph.initializers.get(name)
+        if c is None or c.dtype.kind != "f" or c.ndim == 0 or name in graph.outputs:
+            continue
+        for p in by_size.get(int(np.unique(c).size), ()):
+            v = params[p]
+            if c.size <= v.size or c.dtype != v.dtype:
+                continue
+            try:
+                if np.broadcast_shapes(v.shape, c.shape) != c.shape:
+                    continue
+            except ValueError:
+                continue
+            if np.array_equal(c, np.broadcast_to(v, c.shape)):
+                swaps[name] = (p, tuple(int(d) for d in c.shape))
+                break
+    if not swaps:
+        return graph, []
+    g = graph.copy(nodes=[], initializers={k: v for k, v in graph.initializers.items() if k not in swaps})
+    for name, (p, shape) in swaps.items():
+        shape_name = f"{name}_shape"
+        while shape_name in graph.values or shape_name in graph.initializers:
+            shape_name += "_"
+        g.initializers[shape_name] = np.asarray(shape, np.int64)
+        g.values[shape_name] = TensorInfo(np.dtype(np.int64), (len(shape),))
+        g.nodes.append(Node("Expand", (p, shape_name), (name,), {}, name=f"{name}_refold"))
+    g.nodes.extend(graph.nodes)
+    notes = [
+        f"constant '{name}' {list(shape)} is parameter '{p}' broadcast (the exporter folded a computation with it, "
+        "e.g. an unrolled RNN's first step): edgetrain reads it from the parameter, so it trains with it"
+        for name, (p, shape) in swaps.items()
+    ]
+    return g, notes

@@ -197,7 +197,12 @@ def _batch_edits(node: Node, env, old, b0: int, batch: int) -> list[tuple[int, i
         j = axis + len(c) - len(old_in) if op == "Expand" else axis
         return [(pos, j, batch)] if 0 <= j < len(c) and c[j] == b0 and b0 != 1 else []
     # a constant made as large as the batch (a mask, a zero state); with batch 1, broadcasting needs no help
-    return [(pos, 0, batch)] if c[0] == b0 and b0 != 1 and (op != "Tile" or old_in[0] == 1) else []
+    if c[0] == b0 and b0 != 1 and (op != "Tile" or old_in[0] == 1):
+        return [(pos, 0, batch)]
+    # ... or a constant broadcast over a batch that is not its first axis ([1, B, H]: an unrolled RNN's first
+    # step, folded): the one element equal to the batch (verify_batch_plan checks the guess sample by sample)
+    at = [j for j, v in enumerate(c) if v == b0]
+    return [(pos, at[0], batch)] if op == "Expand" and len(at) == 1 and b0 != 1 else []
 
 
 def _reshape_edit(
@@ -294,3 +299,89 @@ def verify_batch_plan(
                 f"re-batch faithfully: export it with a dynamic batch (torch.onnx.export(..., dynamic_axes="
                 f"{{'input': {{0: 'batch'}}}})) or convert with --batch-size {b0}"
             )
+
+
+RECURRENT_STATES = {"LSTM": (5, 6), "GRU": (5,), "RNN": (5,)}  # initial_h (, initial_c) input positions
+
+
+def batch_free_states(graph: Graph) -> tuple[Graph, list[str]]:
+    """A recurrent node's initial state given as a constant of one value ([D, B, H] zeros: the dynamo exporter
+    folds nn.LSTM's zero state for the example's batch B) becomes that value expanded to the batch X has at run
+    time, so the model runs at any batch, as its PyTorch module does."""
+    b = GraphBuilder(graph)
+    pre: list[Node] = []
+    notes: list[str] = []
+    made: dict[tuple[str, str], str] = {}
+    seen: set[str] = set()
+    nodes = []
+    for node in graph.nodes:
+        positions = RECURRENT_STATES.get(node.op_type, ()) if not node.domain else ()
+        inputs = list(node.inputs)
+        for pos in positions:
+            name = inputs[pos] if pos < len(inputs) else ""
+            v = graph.initializers.get(name)
+            if v is None or v.ndim != 3 or v.size == 0 or v.dtype.kind != "f" or not (v == v.flat[0]).all():
+                continue
+            layout = int(node.attrs.get("layout", 0))
+            key = (name, node.inputs[0])
+            if key not in made:
+                made[key] = _state_like(b, pre, node, v, layout)
+            if name not in seen:
+                seen.add(name)
+                notes.append(
+                    f"initial state '{name}' {list(v.shape)} of {node.label} holds {float(v.flat[0])!r} for the "
+                    "batch the model was exported with; edgetrain makes it for the batch the input has"
+                )
+            inputs[pos] = made[key]
+        nodes.append(node.replace(inputs=tuple(inputs)) if inputs != list(node.inputs) else node)
+    if not notes:
+        return graph, []
+    # each state's nodes go right before the first node that reads it (after its X is made, then)
+    out: list[Node] = []
+    by_output = {o: p for p in pre for o in p.outputs}
+    placed: set[str] = set()
+    for n in nodes:
+        for i in n.inputs:
+            if i in by_output and i not in placed:
+                out.extend(_chain(i, by_output, placed))
+        out.append(n)
+    g = b.finish()
+    return g.copy(nodes=out), notes
+
+
+def _chain(value: str, by_output: dict[str, Node], placed: set[str]) -> list[Node]:
+    """The pre-built nodes that make value, producers first."""
+    node = by_output[value]
+    chain: list[Node] = []
+    for i in node.inputs:
+        if i in by_output and i not in placed:
+            chain.extend(_chain(i, by_output, placed))
+    chain.append(node)
+    placed.update(o for o in node.outputs)
+    return chain
+
+
+def _state_like(b: GraphBuilder, pre: list[Node], node: Node, v: np.ndarray, layout: int) -> str:
+    """Nodes (appended to pre) making a [D, N, H] (layout 0) or [N, D, H] (layout 1) state of v's one value, N
+    read from the recurrent node's X at run time."""
+    x = node.inputs[0]
+    base = f"{node.name}_state"
+    n_axis, d_pos = (1, 0) if layout == 0 else (0, 1)
+    d, h = v.shape[d_pos], v.shape[2]
+
+    def add(op: str, inputs: list[str], **attrs) -> str:
+        out = b.fresh(f"{base}_{op.lower()}")
+        pre.append(Node(op, tuple(inputs), (out,), attrs, name=b.fresh_node_name(f"{base}_{op}")))
+        return out
+
+    shape = add("Shape", [x], start=n_axis, end=n_axis + 1)
+    dims = [
+        b.initializer(f"{base}_d", np.array([d], np.int64)),
+        shape,
+        b.initializer(f"{base}_h", np.array([h], np.int64)),
+    ]
+    if layout == 1:
+        dims[0], dims[1] = dims[1], dims[0]
+    full = add("Concat", dims, axis=0)
+    value = b.initializer(f"{base}_value", np.asarray(v.flat[0], v.dtype).reshape(1, 1, 1))
+    return add("Expand", [value, full])
