@@ -260,3 +260,78 @@ def test_head_only_builds_no_recurrent_backward(tmp_path, cell):
     np.testing.assert_allclose(
         sess.parameters()["fc.weight"], ref.fc.weight.detach().numpy(), rtol=1e-4, atol=1e-6
     )
+
+
+@pytest.mark.parametrize(
+    "cell", [pytest.param(c, marks=() if c == "rnn" else pytest.mark.slow) for c in CELLS]
+)
+def test_fixed_batch_dynamo_export_trains_at_another_batch(tmp_path, cell):
+    """The dynamo exporter fixes the example's batch into the recurrent nodes' zero initial states ([D, 4, H]
+    constants) and, for nn.RNN, which it unrolls, folds the first step's b_hh into a [1, 4, H] constant. Converted
+    at batch 8, the states are made for the batch, the folded constant reads b_hh again (so it trains there too),
+    and 3 steps at batch 8 follow PyTorch."""
+    module = _build(cell, 2, True, True, "last")
+    path, fixed = _export(tmp_path, module, "dynamo")
+    assert fixed == BATCH
+    packers = _map(module, onnx.load(path))
+    art = et.convert(
+        path,
+        loss=et.CrossEntropyLoss(),
+        optimizer=et.SGD(lr=LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY),
+        trainable=sorted(packers),
+        batch_size=2 * BATCH,
+    )
+    said = "\n".join(art.notes)
+    assert "re-batched" in said
+    if cell == "rnn":
+        assert "broadcast" in said and "rnn.bias_hh_l0" in said, said
+    else:
+        assert "initial state" in said, said
+    art.save(tmp_path / "b8.etrain")
+    sess = et.TrainingSession(tmp_path / "b8.etrain")
+    ref = _build(cell, 2, True, True, "last").double()
+    opt = torch.optim.SGD(ref.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)
+    x, y = _data(4, batch=2 * BATCH)
+    for step in range(3):
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(ref(torch.from_numpy(x)), torch.from_numpy(y))
+        loss.backward()
+        opt.step()
+        assert sess.train_step(x, y) == pytest.approx(loss.item(), rel=1e-4), f"step {step}"
+    want_all = _torch_values(ref)
+    for name, pack in packers.items():
+        want = pack(want_all)
+        np.testing.assert_allclose(sess.parameters()[name], want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_a_constant_equal_to_a_one_valued_parameter_is_not_refolded():
+    """Only a parameter with at least two distinct values identifies a folded copy: zeros stay zeros even when a
+    bias is all zeros."""
+    from edgetrain.ir import Graph, Node, TensorInfo
+    from edgetrain.params import find_roles, refold_copies
+
+    f32 = np.float32
+    inits = {
+        "w": np.ones((3, 2), f32),
+        "b": np.zeros(2, f32),  # one value: zeros elsewhere are not its copies
+        "w2": np.eye(2, dtype=f32),
+        "b2": np.array([0.5, -1.0], f32),
+        "zeros": np.zeros((4, 2), f32),
+        "copy": np.tile(np.array([0.5, -1.0], f32), (4, 1)),
+    }
+    nodes = [
+        Node("Gemm", ("x", "w", "b"), ("h",), name="fc"),
+        Node("MatMul", ("h", "w2"), ("h1",), name="fc2"),
+        Node("Add", ("h1", "b2"), ("h2",), name="fc2_bias"),
+        Node("Add", ("h2", "zeros"), ("h3",), name="add_zeros"),
+        Node("Add", ("h3", "copy"), ("y",), name="add_copy"),
+    ]
+    values = {"x": TensorInfo(np.dtype(f32), (4, 3))}
+    g = Graph(nodes, ["x"], ["y"], inits, values, opset=18)
+    roles = find_roles(g)
+    assert {"w", "b", "b2"} <= set(roles.parameters), roles.parameters
+    out, notes = refold_copies(g, roles)
+    assert "zeros" in out.initializers and "copy" not in out.initializers
+    (refold,) = [n for n in out.nodes if n.outputs == ("copy",)]
+    assert refold.op_type == "Expand" and refold.inputs[0] == "b2"
+    assert len(notes) == 1 and "'copy'" in notes[0] and "'b2'" in notes[0]
