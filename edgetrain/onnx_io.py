@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from .alternatives import explain, no_kernel_message
 from .errors import ModelError, UnsupportedError
 from .ir import Graph, GraphBuilder, Node, TensorInfo
 from .ops import record
@@ -91,12 +92,10 @@ def _value_info(vi: onnx.ValueInfoProto) -> TensorInfo:
     return TensorInfo(dtype, dims)
 
 
-def _attr_value(a: onnx.AttributeProto, node_label: str) -> Any:
+def _attr_value(a: onnx.AttributeProto, node_label: str, op_type: str = "", domain: str = "") -> Any:
     if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
-        raise UnsupportedError(
-            f"{node_label}: attribute '{a.name}' is a subgraph; control flow (If, Loop, "
-            "Scan) is not supported"
-        )
+        head = f"{node_label}: attribute '{a.name}' is a subgraph; control flow (If, Loop, Scan) is not supported"
+        raise UnsupportedError(explain(head, op_type, domain))
     if a.type == onnx.AttributeProto.SPARSE_TENSOR:
         raise UnsupportedError(f"{node_label}: sparse tensor attribute '{a.name}' is not supported")
     v = helper.get_attribute_value(a)
@@ -199,15 +198,13 @@ def from_onnx(model: str | os.PathLike | bytes | onnx.ModelProto) -> Graph:
             name = f"{name}_{idx}"
         seen_names.add(name)
         label = f"node '{name}' ({n.op_type})"
-        attrs = {a.name: _attr_value(a, label) for a in n.attribute}
+        attrs = {a.name: _attr_value(a, label, n.op_type, n.domain) for a in n.attribute}
         node = Node(n.op_type, tuple(n.input), tuple(n.output), attrs, name, n.domain)
         scope = _scope(n)
         if scope:
             b.graph.scopes[name] = scope
         if n.domain not in ("", "ai.onnx"):
-            raise UnsupportedError(
-                f"{label} is in domain '{n.domain}'; edgetrain runs the standard ONNX domain (ai.onnx) only"
-            )
+            raise UnsupportedError(no_kernel_message(label, n.op_type, n.domain))
         _canonicalize(b, node, opset)
     return b.finish()
 

@@ -67,3 +67,55 @@ def test_check_bad_file_is_one_clear_line(tmp_path):
     assert proc.stderr.strip().count("\n") == 0 and "is not an ONNX model" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert run_cli("check").returncode == 2  # usage error
+
+
+def test_check_ops_lists_every_supported_op_grouped_with_gradient_rules():
+    from edgetrain.autodiff import rules  # noqa: F401
+    from edgetrain.autodiff.driver import RULES
+    from edgetrain.runtime import supported_ops
+
+    proc = run_cli("check", "--ops")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert max(len(line) for line in out.splitlines()) <= 100  # wrapped
+    assert "convolution and pooling (8):" in out and "activations" in out
+    listed = re.findall(r"\S+", "\n".join(ln for ln in out.splitlines() if ln.startswith("  ")))
+    ops = supported_ops()
+    assert sorted(w.strip("[]") for w in listed) == ops  # each supported op exactly once
+    assert {w.strip("[]") for w in listed if w.startswith("[")} == {op for op in ops if op not in RULES}
+    assert "[Mod]" in listed and "Conv" in listed and "[brackets] have none" in out
+
+
+def test_check_and_convert_name_an_unsupported_op_in_one_short_line(tmp_path):
+    w = numpy_helper.from_array(np.eye(4, dtype=np.float32), "w")
+    g = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+            helper.make_node("FastGelu", ["h"], ["y"], name="act", domain="com.microsoft"),
+        ],
+        "contrib",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+        [w],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    path = tmp_path / "contrib.onnx"
+    onnx.save(helper.make_model(g, opset_imports=opsets), path)
+    for args in (["check", str(path)], ["convert", str(path), "-o", str(tmp_path / "m.etrain")]):
+        proc = run_cli(*args)
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+        (line,) = proc.stderr.strip().splitlines()
+        assert line.startswith(
+            f"edgetrain {args[0]}: error: node 'act' (FastGelu) is in domain 'com.microsoft'"
+        )
+        assert "its standard form is Gelu with approximate='tanh'" in line and "torch.onnx.export" in line
+        assert "`edgetrain check --ops`" in line and len(line) < 400
+    assert not (tmp_path / "m.etrain").exists()
+
+    # with --ops, check lists the ops first, then reports on the model
+    proc = run_cli("check", "--ops", str(path))
+    assert (
+        proc.returncode == 1
+        and "convolution and pooling" in proc.stdout
+        and "'act' (FastGelu)" in proc.stderr
+    )

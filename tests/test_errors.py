@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 import edgetrain as et
 
@@ -44,7 +46,16 @@ def test_empty_and_missing_files(tmp_path):
         et.InferenceSession(tmp_path)
 
 
-def test_unsupported_op_names_op_node_and_lists_supported():
+SEE_OPS = "see the supported ops with `edgetrain check --ops` or `edgetrain.runtime.supported_ops()`"
+
+
+def _short(msg: str) -> bool:
+    """No dump of the op list: fewer than 15 supported op names, under 400 characters."""
+    words = set(re.findall(r"[A-Za-z]+", msg))
+    return len(words & set(et.runtime.supported_ops())) < 15 and len(msg) < 400
+
+
+def test_unsupported_op_names_op_node_and_where_the_list_is():
     m = _model(
         [
             helper.make_node("Relu", ["x"], ["h"], name="first"),
@@ -56,7 +67,129 @@ def test_unsupported_op_names_op_node_and_lists_supported():
     with pytest.raises(et.UnsupportedError) as e:
         et.InferenceSession(m)
     msg = str(e.value)
-    assert "'determinant'" in msg and "Det" in msg and "Supported ops:" in msg and "Conv" in msg
+    assert msg == f"node 'determinant' (Det): op 'Det' has no kernel in edgetrain; {SEE_OPS}."
+    assert len(msg) < 300
+
+
+def _with_op(op: str, domain: str = "", **attrs) -> onnx.ModelProto:
+    """x -> MatMul(w) -> op -> y: a trainable model whose second node edgetrain cannot run."""
+    w = numpy_helper.from_array(np.eye(4, dtype=np.float32), "w")
+    m = _model(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+            helper.make_node(op, ["h"], ["y"], name="blocker", domain=domain, **attrs),
+        ],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+        [w],
+    )
+    if domain:
+        m.opset_import.append(helper.make_opsetid(domain, 1))
+    return m
+
+
+_BODY = helper.make_graph(
+    [helper.make_node("Identity", ["s"], ["t"])],
+    "body",
+    [helper.make_tensor_value_info("s", TensorProto.FLOAT, [4])],
+    [helper.make_tensor_value_info("t", TensorProto.FLOAT, [4])],
+)
+
+# (op, domain, attributes, what the message must suggest)
+UNSUPPORTED = [
+    ("relu", "", {}, "did you mean 'Relu'?"),  # a misspelled custom op: the close spelling
+    ("Relu6", "", {}, "its standard form is Clip with min 0 and max 6"),
+    (
+        "Scan",
+        "",
+        {"body": _BODY, "num_scan_inputs": 1},
+        "unrolled, or write the recurrence as LSTM, GRU or RNN",
+    ),
+    ("Loop", "", {"body": _BODY}, "unrolled, or write the recurrence as LSTM, GRU or RNN"),
+    ("DynamicQuantizeLinear", "", {}, "edgetrain trains float models: convert the float model"),
+    (
+        "FastGelu",
+        "com.microsoft",
+        {},
+        "its standard form is Gelu with approximate='tanh' (opset 20) or Tanh, Mul, Pow and Add: convert the "
+        "plain torch.onnx.export output, before onnxruntime's optimizer fused it",
+    ),
+    ("SkipLayerNormalization", "com.microsoft", {}, "Add and LayerNormalization"),
+    ("MaxUnpool", "", {}, ""),  # a real op: MaxPool is another op, so nothing is suggested
+]
+
+
+@pytest.mark.parametrize("op, domain, attrs, advice", UNSUPPORTED, ids=[c[0] for c in UNSUPPORTED])
+def test_unsupported_op_suggests_the_nearest_alternative(op, domain, attrs, advice):
+    m = _with_op(op, domain, **attrs)
+    for load in (
+        lambda: et.InferenceSession(m),
+        lambda: et.convert(m, loss=et.MSELoss(), optimizer=et.SGD(lr=0.1)),
+    ):
+        with pytest.raises(et.UnsupportedError) as e:
+            load()
+        msg = str(e.value)
+        assert msg.startswith(f"node 'blocker' ({op})"), msg
+        why = f"is in domain '{domain}'" if domain else "subgraph" if "body" in attrs else "has no kernel"
+        assert why in msg, msg
+        if advice:
+            assert advice in msg and SEE_OPS[1:] in msg, msg
+        else:
+            assert msg.endswith(f"; {SEE_OPS}.") and "MaxPool" not in msg and len(msg) < 300, msg
+        assert _short(msg) and "Supported ops:" not in msg, msg
+
+
+def test_the_alternatives_name_only_ops_edgetrain_has():
+    """Every ONNX op an advice names runs in edgetrain (a gradient advice: has a rule), and no real ONNX op edgetrain
+    lacks is answered with a look-alike name (MaxUnpool is not MaxPool, Acosh is not Cos)."""
+    from edgetrain import alternatives as alt
+    from edgetrain.autodiff import rules  # noqa: F401
+    from edgetrain.autodiff.driver import RULES
+
+    onnx_ops = {s.name for s in onnx.defs.get_all_schemas_with_history() if s.domain in ("", "ai.onnx")}
+    supported = set(et.runtime.supported_ops())
+    for table in (alt.ADVICE, alt.STANDARD_FORM, alt.CONTRIB_FORM):
+        for op, text in table.items():
+            named = set(re.findall(r"[A-Za-z]+", text)) & onnx_ops
+            assert named <= supported, (op, named - supported)
+    for op, text in alt.RULE_ADVICE.items():
+        assert op in supported and op not in RULES, op
+        named = set(re.findall(r"[A-Za-z]+", text)) & onnx_ops
+        assert named and named <= set(RULES), (op, named - set(RULES))
+    for op in sorted(onnx_ops - supported):
+        assert not alt.alternative(op).startswith("did you mean"), (op, alt.alternative(op))
+    assert alt.alternative("Softmx") == "did you mean 'Softmax'?"
+    assert alt.alternative("Conv2d") == ""  # not close enough to say
+
+
+def test_missing_gradient_rule_suggests_ops_with_rules_not_the_list():
+    rng = np.random.default_rng(0)
+    m = _model(
+        [
+            helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"),
+            helper.make_node("Mod", ["h", "three"], ["f"], name="modulo", fmod=1),
+            helper.make_node("MatMul", ["f", "w2"], ["y"], name="mm2"),
+        ],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+        [
+            numpy_helper.from_array(rng.standard_normal((4, 4)).astype(np.float32), "w1"),
+            numpy_helper.from_array(rng.standard_normal((4, 3)).astype(np.float32), "w2"),
+            numpy_helper.from_array(np.full((1,), 3.0, np.float32), "three"),
+        ],
+        opset=17,
+    )
+    with pytest.raises(et.UnsupportedError) as e:
+        et.convert(m, loss=et.MSELoss(), optimizer=et.SGD(lr=0.1))
+    msg = str(e.value)
+    assert msg == (
+        "node 'modulo' (Mod) has no gradient rule, and 1 trainable parameter(s) lie before it (e.g. 'w1'). "
+        "To avoid it, freeze the parameters before it: train only the parameters after it, e.g. "
+        "trainable=['w2']. Or, to train them too, write x mod y as x - y * Floor(x / y), with "
+        "Sign(q) * Floor(Abs(q)) for Floor(q) when fmod=1. `edgetrain check --ops` lists the ops with gradient "
+        "rules."
+    )
+    assert "Ops with gradient rules:" not in msg and _short(msg)
 
 
 def test_foreign_domain():

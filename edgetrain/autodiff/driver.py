@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from ..alternatives import SEE_RULES, rule_alternative
 from ..errors import UnsupportedError
 from ..ir import Node
 from .context import GradContext
@@ -122,8 +123,10 @@ def _no_rule_message(ctx: GradContext, node: Node, nodes: Sequence[Node], wrt: S
         if after
         else "no trainable parameter comes after it, so the model cannot be trained past this op"
     )
+    advice = rule_alternative(node.op_type)
     return (
         f"{node.label} has no gradient rule, and {len(before)} trainable parameter(s) lie before it "
-        f"(e.g. '{before[0]}'). Ops with gradient rules: {', '.join(sorted(RULES))}. To avoid it, freeze the "
-        f"parameters before it: {hint}"
+        f"(e.g. '{before[0]}'). To avoid it, freeze the parameters before it: {hint}. "
+        + (f"{'Or, to train them too' if after else 'To train them'}, {advice}. " if advice else "")
+        + f"{SEE_RULES[0].upper()}{SEE_RULES[1:]}."
     )

@@ -45,8 +45,13 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
         help="trainability report: ops, gradient coverage, parameters, what fails and why",
     )
-    c.add_argument("model", help="an ONNX inference model (.onnx)")
+    c.add_argument("model", nargs="?", help="an ONNX inference model (.onnx)")
     c.add_argument("--batch-size", type=int, default=1, help="batch size to check shapes at (default 1)")
+    c.add_argument(
+        "--ops",
+        action="store_true",
+        help="list the ops edgetrain supports, grouped, and which have gradient rules (MODEL is then optional)",
+    )
     c.set_defaults(run=run_check, parser=c)
 
     i = sub.add_parser(

@@ -114,8 +114,15 @@ def run_convert(args: argparse.Namespace) -> int:
 
 
 def run_check(args: argparse.Namespace) -> int:
-    from ..check import check
+    from ..check import check, ops_text
 
+    if getattr(args, "ops", False):
+        print(ops_text())
+        if not args.model:
+            return 0
+        print()
+    if not args.model:
+        raise UsageError("give the MODEL to check, or --ops to list the ops edgetrain supports")
     report = check(args.model, batch_size=args.batch_size)
     print(report.text())
     return 0 if report.derivable else 1

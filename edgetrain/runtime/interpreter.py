@@ -52,16 +52,10 @@ def compile_step(node: Node) -> tuple[Callable[..., Any], dict[str, Any]]:
     domain = "" if node.domain == "ai.onnx" else node.domain
     if kern is not None and kern.domain != domain:
         kern = None
-    if kern is None and domain:
-        raise UnsupportedError(
-            f"{node.label} is in domain '{node.domain}', which edgetrain does not run; "
-            "only the standard ONNX domain (ai.onnx) is supported"
-        )
     if kern is None:
-        raise UnsupportedError(
-            f"{node.label}: op '{node.op_type}' has no kernel in edgetrain. "
-            f"Supported ops: {', '.join(supported_ops())}"
-        )
+        from ..alternatives import no_kernel_message
+
+        raise UnsupportedError(no_kernel_message(node.label, node.op_type, domain, supported_ops()))
     unknown = sorted(set(node.attrs) - set(kern.attrs))
     if unknown:
         raise UnsupportedError(
