@@ -130,3 +130,53 @@ def test_configs_select_names_globs_and_the_quick_set():
     }
     with pytest.raises(SystemExit):
         configs.select(["no-such-model"], quick=False)
+
+
+def test_recurrent_configs_run_when_named_and_write_their_own_files():
+    sys.path.insert(0, str(BENCH))
+    import configs
+
+    recurrent = configs.select(["lstm*", "gru*", "bilstm*"], quick=False)
+    assert [c.name for c in recurrent] == [
+        "lstm-b32-full",
+        "lstm-b32-head",
+        "lstm-b1-full",
+        "gru-b32-full",
+        "bilstm2-b32-full",
+    ]
+    assert all(c.family == "recurrent" and configs.ratio_targets(c) == {} for c in recurrent)
+    assert configs.output_stem(recurrent) == "benchmarks-recurrent"
+    default = configs.select(None, quick=False)  # issue 12's run, written to docs/benchmarks.*
+    assert not any(c.family == "recurrent" for c in default)
+    assert configs.output_stem(default) == "benchmarks"
+
+
+def test_step_flops_of_an_lstm_match_the_closed_form(tmp_path):
+    sys.path.insert(0, str(BENCH))
+    import numpy as np
+    import onnx
+    import prepare
+    from onnx import TensorProto, helper, numpy_helper
+
+    t, n, i, h = 5, 3, 4, 6
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), name)
+        for name, s in (("W", (1, 4 * h, i)), ("R", (1, 4 * h, h)), ("B", (1, 8 * h)))
+    ]
+    graph = helper.make_graph(
+        [helper.make_node("LSTM", ["X", "W", "R", "B"], ["Y"], hidden_size=h)],
+        "lstm",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [t, n, i])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [t, 1, n, h])],
+        inits,
+    )
+    path = tmp_path / "lstm.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)]), path)
+    fi, fr = 2 * t * n * 4 * h * i, 2 * t * n * 4 * h * h
+    # X is data: the input product once more for W's gradient; the recurrent one for R's and for back through time
+    assert prepare.step_flops(path, n, {"W", "R", "B"}) == {
+        "forward_flops": fi + fr,
+        "step_flops": 2 * fi + 3 * fr,
+    }
+    assert prepare.step_flops(path, n, set()) == {"forward_flops": fi + fr, "step_flops": fi + fr}

@@ -1,13 +1,15 @@
 """Benchmark: edgetrain's training step beside onnxruntime-training 1.19.2 and PyTorch eager (issue 12's judge).
 Configurations (tools/bench/configs.py) -> docs/benchmarks.md, docs/benchmarks.json and docs/benchmarks.png.
 
-    python tools/bench.py [--quick] [--configs NAME|GLOB ...] [--repeats N] [--runtimes ...] [--out DIR]
+    python tools/bench.py [--quick] [--configs NAME|GLOB ...] [--repeats N] [--runtimes ...] [--out DIR] [--name STEM]
 
 Every runtime trains the same ONNX model from the same initial weights on the same batch, 1 thread each, every
 (configuration, runtime) in its own fresh process (tools/bench/worker.py), the runtimes alternated over N rounds.
 onnxruntime-training lives in its own virtual environment (.venv-ort-training, installed on demand: a ~800 MB
 wheel). --quick is the CI smoke run: MLP and LeNet at batch 32, a few steps, edgetrain and PyTorch only, written to
-a temporary folder (or --out), never over docs/."""
+a temporary folder (or --out), never over docs/. The recurrent sequence classifiers (lstm-*, gru-*, bilstm2-*; no
+issue-12 targets) run only when named, and a run of them alone writes benchmarks-recurrent.* (or --name STEM.*):
+    python tools/bench.py --configs 'lstm*' 'gru*' 'bilstm*' --out docs"""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import argparse  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
+import re  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -44,10 +47,11 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     harness: dict[str, float] = {}
     runtimes = available_runtimes(args)
-    chosen = without_torchvision(configs.select(args.configs, quick=args.quick))
+    chosen = without_torch_models(configs.select(args.configs, quick=args.quick))
     out = output_dir(args)
+    stem = args.name or configs.output_stem(chosen)
     print(
-        f"bench: {len(chosen)} configurations x {'/'.join(runtimes)}, {args.repeats} rounds -> {out}",
+        f"bench: {len(chosen)} configurations x {'/'.join(runtimes)}, {args.repeats} rounds -> {out}/{stem}.*",
         flush=True,
     )
     t0 = time.perf_counter()
@@ -64,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         harness["measure_s"] = time.perf_counter() - t0
     harness["total_s"] = time.perf_counter() - t_start
     doc = document(args, chosen, cases, runs, gemm, harness, runtimes, pythons)
-    write_outputs(out, doc)
+    write_outputs(out, doc, stem)
     return 0
 
 
@@ -74,7 +78,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--quick", action="store_true", help="CI smoke run: MLP and LeNet at batch 32, few steps, no ORT"
     )
     ap.add_argument(
-        "--configs", nargs="+", metavar="NAME", help="configuration names or globs (default: all)"
+        "--configs",
+        nargs="+",
+        metavar="NAME",
+        help="configuration names or globs (default: issue 12's; the recurrent lstm-*, gru-*, bilstm2-* when named)",
     )
     ap.add_argument(
         "--repeats", type=int, default=None, help="rounds per (configuration, runtime); default 3, 1 quick"
@@ -84,9 +91,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--out", type=Path, help="output folder (default: docs/ for a full run, else a temporary one)"
     )
     ap.add_argument(
+        "--name",
+        metavar="STEM",
+        help="output files' name without extension (default: benchmarks-recurrent when only recurrent "
+        "configurations run, else benchmarks)",
+    )
+    ap.add_argument(
         "--ort-venv", type=Path, default=ROOT / ".venv-ort-training", help="onnxruntime-training's venv"
     )
     args = ap.parse_args(argv)
+    if args.name is not None and (not args.name or "/" in args.name or args.name.startswith(".")):
+        ap.error("--name is a file name stem, e.g. benchmarks-recurrent")
     if args.repeats is None:
         args.repeats = 1 if args.quick else 3
     if args.repeats < 1:
@@ -106,13 +121,16 @@ def available_runtimes(args: argparse.Namespace) -> list[str]:
     return ["edgetrain", *[rt for rt in wanted if rt != "edgetrain"]]
 
 
-def without_torchvision(chosen: list[configs.Config]) -> list[configs.Config]:
-    """The torchvision models come from torch.onnx.export: without PyTorch they cannot be made here."""
+def without_torch_models(chosen: list[configs.Config]) -> list[configs.Config]:
+    """The torchvision and recurrent models come from torch.onnx.export: without PyTorch they cannot be made here."""
     if importlib.util.find_spec("torch") is not None:
         return chosen
-    kept = [c for c in chosen if c.family != "torchvision"]
+    kept = [c for c in chosen if c.family not in ("torchvision", "recurrent")]
     if len(kept) < len(chosen):
-        print("bench: PyTorch is not installed: the torchvision configurations are left out", flush=True)
+        print(
+            "bench: PyTorch is not installed: the torchvision and recurrent configurations are left out",
+            flush=True,
+        )
     return kept
 
 
@@ -201,9 +219,13 @@ def run_one(case: dict, runtime: str, python: Path) -> dict:
         return {"error": f"timed out after {WORKER_TIMEOUT_S} s"}
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
     if done.returncode != 0 or not lines:
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        said = [ln.strip() for ln in _ANSI.sub("", done.stderr).splitlines() if ln.strip()]
+        tail = (said or ["no output"])[-1]
         return {"error": f"worker exited with {done.returncode}: {tail[-300:]}"}
     return json.loads(lines[-1])
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # onnxruntime colours its log lines
 
 
 def _line(result: dict) -> str:
@@ -304,12 +326,12 @@ def _git() -> str:
     return f"git {commit}" + (" + uncommitted changes to edgetrain/loaders" if dirty else "")
 
 
-def write_outputs(out: Path, doc: dict) -> None:
-    report.write_json(out / "benchmarks.json", doc)
-    report.write_markdown(out / "benchmarks.md", doc)
-    png = report.write_png(out / "benchmarks.png", doc["configs"])
+def write_outputs(out: Path, doc: dict, stem: str = "benchmarks") -> None:
+    report.write_json(out / f"{stem}.json", doc)
+    report.write_markdown(out / f"{stem}.md", doc)
+    png = report.write_png(out / f"{stem}.png", doc["configs"])
     print("\n".join(report.markdown(doc)))
-    written = ["benchmarks.json", "benchmarks.md"] + (["benchmarks.png"] if png else [])
+    written = [f"{stem}.json", f"{stem}.md"] + ([f"{stem}.png"] if png else [])
     print(f"bench: wrote {', '.join(written)} to {out}", flush=True)
 
 

@@ -9,6 +9,9 @@ import fnmatch
 from dataclasses import dataclass, replace
 
 TORCHVISION = ("mobilenet_v2", "mobilenet_v3_small", "resnet18", "efficientnet_b0")
+# sequence classifiers (tools/bench/seqmodels.py): Embedding -> LSTM / GRU / 2-layer bidirectional LSTM -> Linear
+RECURRENT = ("lstm", "gru", "bilstm2")
+SEQ_LEN = 32  # tokens per sample (seqmodels.SEQ_LEN; this module imports nothing but the standard library)
 RUNTIMES = ("edgetrain", "ort", "torch")
 RUNTIME_NAMES = {"edgetrain": "edgetrain", "ort": "onnxruntime-training", "torch": "PyTorch eager"}
 
@@ -22,7 +25,7 @@ MIN_STEPS = 5
 @dataclass(frozen=True)
 class Config:
     name: str
-    model: str  # "mlp", "lenet" or a torchvision classifier
+    model: str  # "mlp", "lenet", a torchvision classifier or a RECURRENT sequence classifier
     batch: int
     head_only: bool = False  # train the classifier only (the rest frozen)
     epoch: bool = False  # the head-only epoch comparison (Trainer vs PyTorch) instead of per-step timing
@@ -31,7 +34,15 @@ class Config:
 
     @property
     def family(self) -> str:
-        return self.model if self.model in ("mlp", "lenet") else "torchvision"
+        if self.model in ("mlp", "lenet"):
+            return self.model
+        return "recurrent" if self.model in RECURRENT else "torchvision"
+
+    @property
+    def issue12(self) -> bool:
+        """One of issue 12's workloads (its targets apply, the default run measures it); the recurrent ones are
+        measured beside the peers for information, in their own document."""
+        return self.family != "recurrent"
 
     @property
     def runtimes(self) -> tuple[str, ...]:
@@ -44,6 +55,9 @@ class Config:
             return f"MLP 784-128-10, batch {self.batch}"
         if self.family == "lenet":
             return f"LeNet, batch {self.batch}"
+        if self.family == "recurrent":
+            cell = {"lstm": "LSTM", "gru": "GRU", "bilstm2": "2-layer bidirectional LSTM"}[self.model]
+            return f"{cell} 128, T {SEQ_LEN}, {'head-only' if self.head_only else 'full'}, batch {self.batch}"
         if self.epoch:
             return f"{self.model} head-only epoch ({EPOCH_SAMPLES} samples, batch {self.batch})"
         return f"{self.model} {'head-only' if self.head_only else 'full'}, batch {self.batch}"
@@ -61,6 +75,14 @@ def _all() -> list[Config]:
     configs.append(
         Config("mobilenet_v2-epoch", "mobilenet_v2", 8, head_only=True, epoch=True, warmup=0, steps=0)
     )
+    seq = dict(warmup=5, steps=100)  # tens to hundreds of ms a step: BUDGET_S bounds the slow ones
+    configs += [
+        Config("lstm-b32-full", "lstm", 32, **seq),
+        Config("lstm-b32-head", "lstm", 32, head_only=True, **seq),
+        Config("lstm-b1-full", "lstm", 1, **seq),
+        Config("gru-b32-full", "gru", 32, **seq),
+        Config("bilstm2-b32-full", "bilstm2", 32, **seq),
+    ]
     return configs
 
 
@@ -69,10 +91,11 @@ QUICK = ("mlp-b32", "lenet-b32")
 
 
 def select(patterns: list[str] | None, *, quick: bool) -> list[Config]:
-    """The configurations named by patterns (names or globs; all when None), in CONFIGS order. --quick: a few
-    steps of the QUICK ones (unless patterns say otherwise)."""
+    """The configurations named by patterns (names or globs), in CONFIGS order; when None, issue 12's (the
+    recurrent ones run when named, e.g. 'lstm*'). --quick: a few steps of the QUICK ones (unless patterns say
+    otherwise)."""
     if patterns is None:
-        patterns = list(QUICK) if quick else ["*"]
+        patterns = list(QUICK) if quick else [c.name for c in CONFIGS if c.issue12]
     chosen = [c for c in CONFIGS if any(fnmatch.fnmatchcase(c.name, p) for p in patterns)]
     unknown = [p for p in patterns if not any(fnmatch.fnmatchcase(c.name, p) for c in CONFIGS)]
     if unknown:
@@ -82,9 +105,17 @@ def select(patterns: list[str] | None, *, quick: bool) -> list[Config]:
     return chosen
 
 
+def output_stem(chosen: list[Config]) -> str:
+    """The results' file name without extension: benchmarks-recurrent when only recurrent configurations run (so
+    that they never replace issue 12's docs/benchmarks.*), else benchmarks."""
+    return "benchmarks-recurrent" if chosen and all(c.family == "recurrent" for c in chosen) else "benchmarks"
+
+
 # ---- issue 12's targets -------------------------------------------------------------------------------------------
 def ratio_targets(c: Config) -> dict[str, float]:
     """{"edgetrain/ort" or "edgetrain/torch": the largest ratio that meets the target} for configuration c."""
+    if not c.issue12:
+        return {}  # measured for information: issue 12 sets no target for the recurrent models
     if c.epoch:
         return {"edgetrain/torch": 0.1}  # an epoch after the first at least 10x faster than PyTorch's
     if c.family == "mlp" and c.batch == 1:

@@ -1,7 +1,8 @@
 """onnxruntime-training's training artifacts, generated inside its own virtual environment: a jobs JSON file (ONNX
 model, parameters to train, parameters to freeze, output folder) -> in each folder its training, eval and
-optimizer models and checkpoint (softmax cross-entropy, plain SGD), and one JSON line per job on stdout: the
-files' sizes and the labels' dtype, or the error (e.g. an op without a gradient builder).
+optimizer models and checkpoint (softmax cross-entropy, plain SGD), loaded once to check that its kernels accept
+them, and one JSON line per job on stdout: the files' sizes and the labels' dtype, or the error (e.g. an op without
+a gradient builder, or a kernel that refuses an attribute).
 
 `python ort_artifacts.py JOBS.json`, run by tools/bench/ort_venv.py with the venv's python."""
 
@@ -45,12 +46,35 @@ def generate(artifacts, job: dict) -> dict:
     model = onnx.load(path)
     model.ir_version = min(model.ir_version, 8)
     onnx.save(model, path)
+    check_loads(job["out"])
     training = onnx.load(os.path.join(job["out"], "training_model.onnx"), load_external_data=False)
     labels = training.graph.input[1].type.tensor_type.elem_type
     return {
         "files": {f: os.path.getsize(os.path.join(job["out"], f)) for f in sorted(os.listdir(job["out"]))},
         "label_dtype": onnx.helper.tensor_dtype_to_np_dtype(labels).name,
     }
+
+
+def check_loads(out: str) -> None:
+    """Loads the artifacts as the worker will (training module and optimizer on the CPU): a generated model whose
+    kernels refuse it (1.19.2's training LSTM runs the forward direction only) fails here, in plain words, instead
+    of in every worker."""
+    from onnxruntime.capi import _pybind_state as C
+
+    so = C.SessionOptions()
+    so.intra_op_num_threads = so.inter_op_num_threads = 1
+    device = C.OrtDevice(C.OrtDevice.cpu(), C.OrtDevice.default_memory(), 0)
+    try:
+        state = C.load_checkpoint(os.path.join(out, "checkpoint"))
+        C.Module(
+            os.path.join(out, "training_model.onnx"), state, os.path.join(out, "eval_model.onnx"), device, so
+        )
+        C.Optimizer(os.path.join(out, "optimizer_model.onnx"), state, device, so)
+    except Exception as e:  # noqa: BLE001
+        said = _short(e)
+        raise RuntimeError(
+            f"its generator made the artifacts, but loading them for training fails: {said}"
+        ) from e
 
 
 def main() -> None:

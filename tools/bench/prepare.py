@@ -84,6 +84,8 @@ def _model(c: Config, d: Path, work: Path, with_torch: bool):
             weights = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
             module = torch_model(c.model, weights)
         return path, module, (set(), set())
+    if c.family == "recurrent":
+        return _recurrent(c, d)
     e = _export(c.model, str(work / "exports"), c.batch)
     head = e.head()
     torch_head = {t for t in e.names if t.startswith(head + ".")}
@@ -98,6 +100,55 @@ def _export(model: str, directory: str, batch: int):
 
     Path(directory).mkdir(parents=True, exist_ok=True)
     return exports.export(model, directory, exporter="torchscript", mode="eval", batch=batch)
+
+
+def _recurrent(c: Config, d: Path):
+    """A sequence classifier of tools/bench/seqmodels.py exported as users export it (TorchScript exporter, a fixed
+    batch): the ONNX holds the very module's weights, which PyTorch then trains. The export's LSTM/GRU W, R and B
+    come from weight_ih, weight_hh and bias_ih + bias_hh with the gates reordered (torch LSTM i,f,g,o -> ONNX i,o,f,c;
+    GRU r,z,n -> z,r,h); that the two compute the same logits is checked here, before any worker runs. The
+    configuration's own batch: the full and head-only configurations export the same weights (same seed)."""
+    import warnings
+
+    import seqmodels
+    import torch
+
+    module = seqmodels.build(c.model)
+    x, _ = _data(c)
+    path = d / "model.onnx"
+    with warnings.catch_warnings():  # the TorchScript exporter's deprecation notice
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            module,
+            (torch.from_numpy(x),),
+            str(path),
+            input_names=["tokens"],
+            output_names=["logits"],
+            dynamo=False,
+            training=torch.onnx.TrainingMode.EVAL,
+        )
+    head = {f"{seqmodels.HEAD}.weight", f"{seqmodels.HEAD}.bias"}
+    names = {t.name for t in onnx.load(str(path)).graph.initializer}
+    assert head <= names, f"the export renamed the classifier's parameters: {sorted(names)}"
+    _check_same_logits(module, path, x)
+    return path, module, (head, head)
+
+
+def _check_same_logits(module, path: Path, x: np.ndarray) -> None:
+    """The exported ONNX (run by onnxruntime, when installed here) and the torch module give the same logits on the
+    benchmark's batch: the weights reached the ONNX in the gate order it needs. (The workers' first losses are
+    compared again in the report.)"""
+    try:
+        import onnxruntime
+    except ImportError:
+        return
+    import torch
+
+    with torch.no_grad():
+        expected = module(torch.from_numpy(x)).numpy()
+    sess = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    err = float(np.max(np.abs(sess.run(["logits"], {"tokens": x})[0] - expected)))
+    assert err < 1e-4, f"{path}: the ONNX export and the torch module disagree by {err:.2e} on the logits"
 
 
 def _with_onnx_weights(e):
@@ -120,6 +171,12 @@ def _data(c: Config) -> tuple[np.ndarray, np.ndarray]:
         from models import batch_for
 
         return batch_for(c.model, c.batch)
+    if c.family == "recurrent":
+        from configs import SEQ_LEN
+
+        rng = np.random.default_rng(3)
+        tokens = rng.integers(0, 1000, (c.batch, SEQ_LEN)).astype(np.int64)  # seqmodels.VOCAB token ids
+        return tokens, rng.integers(0, 10, c.batch).astype(np.int64)
     rng = np.random.default_rng(2 if c.epoch else 1)
     n = EPOCH_SAMPLES if c.epoch else c.batch
     return rng.standard_normal((n, 3, 64, 64)).astype(np.float32), rng.integers(0, 10, n).astype(np.int64)
@@ -204,13 +261,34 @@ def step_flops(model_path: Path, batch: int, trainable: set[str]) -> dict[str, i
     tainted = set(trainable)  # values that depend on a trainable parameter
     forward = step = 0
     for n in g.nodes:
-        if n.op_type in _MATMUL_LIKE:
+        if n.op_type in _RECURRENT:
+            f, s = _recurrent_flops(g, n, tainted)
+            forward, step = forward + f, step + s
+        elif n.op_type in _MATMUL_LIKE:
             f = _node_flops(g, n)
             forward += f
             step += f * (1 + sum(1 for v in n.inputs[:2] if v in tainted))
         if any(v in tainted for v in n.inputs):
             tainted.update(n.outputs)
     return {"forward_flops": int(forward), "step_flops": int(step)}
+
+
+_RECURRENT = {"LSTM", "GRU", "RNN"}
+
+
+def _recurrent_flops(g, n, tainted: set[str]) -> tuple[int, int]:
+    """(forward, step) FLOPs of an ONNX LSTM/GRU/RNN's gate products: X·W^T over every step (2·T·N·|W|) and
+    H·R^T step by step (2·T·N·|R|). A step adds the input product once per operand needing a gradient (X, W),
+    the recurrent one for R's gradient and for back-propagation through time (needed as soon as anything before or
+    in the node trains). A backward that recomputes the forward (edgetrain's fused LSTMGrad) does more: not
+    counted, this is the arithmetic the step needs."""
+    x, w, r = n.inputs[:3]
+    tn = int(np.prod(g.values[x].shape[:2]))  # T·N in either layout
+    fi = 2 * tn * int(np.prod(g.values[w].shape))
+    fr = 2 * tn * int(np.prod(g.values[r].shape))
+    grads = [v in tainted for v in (x, w, r)]
+    bptt = any(v in tainted for v in n.inputs if v)
+    return fi + fr, fi * (1 + grads[0] + grads[1]) + fr * (1 + grads[2] + bptt)
 
 
 def _node_flops(g, n) -> int:
