@@ -9,6 +9,8 @@ rules that are each checked on their own, so the body is an independent second i
 
 from __future__ import annotations
 
+import numpy as np
+
 from ...ir import Node
 from ...runtime.kernels.recurrent import DEFAULT_ACTS, DIRECTIONS, GATES, Act, activations
 from ...runtime.kernels.registry import PRIVATE_DOMAIN
@@ -195,7 +197,7 @@ class _Unrolled:
     def _clip(self, a: str) -> str:
         if self.clip is None:
             return a
-        lim = float(self.clip)
+        lim = float(np.float32(self.clip))  # a FLOAT attribute is 32-bit, as the kernel reads it
         return self.g.op("Clip", a, self.g.scalar_like(-lim, a), self.g.scalar_like(lim, a))
 
     def _act(self, d: int, k: int, x: str) -> str:

@@ -67,12 +67,21 @@ class Act:
     alpha: float = 0.0
     beta: float = 0.0
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        n, a, b = self.name, self.alpha, self.beta
+    def __call__(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """act(x), written into out when given (the result either way)."""
+        n = self.name
         if n == "sigmoid":
-            return _sigmoid(x)
+            return _sigmoid(x, out)
         if n == "tanh":
-            return np.tanh(x)
+            return np.tanh(x, out=out)
+        y = self._other(x)
+        if out is None:
+            return y
+        out[...] = y
+        return out
+
+    def _other(self, x: np.ndarray) -> np.ndarray:
+        n, a, b = self.name, self.alpha, self.beta
         if n == "relu":
             return np.maximum(x, 0)
         if n == "affine":
@@ -123,9 +132,10 @@ class Act:
         return _sigmoid(x)
 
 
-def _sigmoid(x: np.ndarray) -> np.ndarray:
+def _sigmoid(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    e = np.negative(x, out=out)
     with np.errstate(over="ignore"):  # exp(-x) = inf for x < -88 (float32): 1 / inf = 0, the right value
-        e = np.exp(-x)
+        np.exp(e, out=e)
     e += 1
     return np.reciprocal(e, out=e)
 
@@ -422,17 +432,25 @@ def run_direction(
         if c is not None:
             tr.c[0] = c
     p = spec.p[d] if spec.p is not None else None
+    r_t = r.T
+    scratch_a = np.empty((n, g * hs), dt) if tr is None else None
+    scratch_g = np.empty((n, g * hs), dt) if tr is None else None
     for t in range(t_len):
-        a = xw[t] + np.dot(h, r.T) if op != "GRU" else xw[t].copy()
+        a = tr.a[t] if tr is not None else scratch_a
+        gates = tr.gates[t] if tr is not None else scratch_g
+        if op == "GRU":
+            a[...] = xw[t]
+        else:
+            np.dot(h, r_t, out=a)
+            a += xw[t]
         kept = tr.kept[t] if tr is not None and tr.kept is not None else None
         if op == "RNN":
             _clip(spec, a, kept)
-            gates = acts[0](a)
-            h_new = gates
+            h_new = acts[0](a, gates).copy()
         elif op == "LSTM":
-            h_new, c_new, gates, hc = _lstm_step(spec, a, c, p, acts, kept)
+            h_new, c_new, hc = _lstm_step(spec, a, c, p, acts, kept, gates)
         else:
-            h_new, gates, ex = _gru_step(spec, a, h, r, rb, acts, kept)
+            h_new, ex = _gru_step(spec, a, h, r, rb, acts, kept, gates)
         if mask is not None:
             m = mask[t]
             y[t] = np.where(m, h_new, 0)
@@ -445,8 +463,6 @@ def run_direction(
             if op == "LSTM":
                 c = c_new
         if tr is not None:
-            tr.a[t] = a
-            tr.gates[t] = gates
             tr.h[t + 1] = h
             if op == "LSTM":
                 tr.c[t + 1] = c
@@ -456,63 +472,82 @@ def run_direction(
     return _steps_out(spec, d, y), h, c, tr
 
 
-def _lstm_step(spec, a, c, p, acts, kept):
-    """One LSTM step on a = X W^T + H R^T + biases [N, 4H] (gates i, o, f, c), in place."""
+def _lstm_step(spec, a, c, p, acts, kept, gates):
+    """One LSTM step on a = X W^T + H R^T + biases [N, 4H] (gates i, o, f, c), in place; gate values into gates.
+    Returns (h, c, h_act(c))."""
     hs = spec.hidden
     f_act, g_act, h_act = acts
-    ai, ao, af, ac = a[:, :hs], a[:, hs : 2 * hs], a[:, 2 * hs : 3 * hs], a[:, 3 * hs :]
-    if p is not None:
+    if p is None:  # i, o and f side by side: one clip, one activation
+        _clip(spec, a, kept)
+        f_act(a[:, : 3 * hs], gates[:, : 3 * hs])
+        gi, go, gf = gates[:, :hs], gates[:, hs : 2 * hs], gates[:, 2 * hs : 3 * hs]
+        if spec.input_forget:
+            np.subtract(1, gi, out=gf)
+        gc = g_act(a[:, 3 * hs :], gates[:, 3 * hs :])
+        c_new = gf * c
+        c_new += gi * gc
+    else:
+        ai, ao, af, ac = a[:, :hs], a[:, hs : 2 * hs], a[:, 2 * hs : 3 * hs], a[:, 3 * hs :]
         ai += p[:hs] * c
         af += p[2 * hs :] * c
-    if spec.clip is not None:  # o's pre-activation gets its peephole (on the new c) first
-        lim = spec.clip
-        for k, part in ((0, ai), (2, af), (3, ac)):
-            if kept is not None:
-                np.less_equal(np.abs(part), lim, out=kept[:, k * hs : (k + 1) * hs])
-            np.clip(part, -lim, lim, out=part)
-    gates = np.empty_like(a)
-    gi = gates[:, :hs] = f_act(ai)
-    gf = gates[:, 2 * hs : 3 * hs] = (1 - gi) if spec.input_forget else f_act(af)
-    gc = gates[:, 3 * hs :] = g_act(ac)
-    c_new = gf * c + gi * gc
-    if p is not None:
+        if spec.clip is not None:  # o's pre-activation gets its peephole (on the new c) first
+            lim = spec.clip
+            for k, part in ((0, ai), (2, af), (3, ac)):
+                if kept is not None:
+                    np.less_equal(np.abs(part), lim, out=kept[:, k * hs : (k + 1) * hs])
+                np.clip(part, -lim, lim, out=part)
+        gi = f_act(ai, gates[:, :hs])
+        gf = gates[:, 2 * hs : 3 * hs]
+        if spec.input_forget:
+            np.subtract(1, gi, out=gf)
+        else:
+            f_act(af, gf)
+        gc = g_act(ac, gates[:, 3 * hs :])
+        c_new = gf * c + gi * gc
         ao += p[hs : 2 * hs] * c_new
-    if spec.clip is not None:
-        if kept is not None:
-            np.less_equal(np.abs(ao), spec.clip, out=kept[:, hs : 2 * hs])
-        np.clip(ao, -spec.clip, spec.clip, out=ao)
-    go = gates[:, hs : 2 * hs] = f_act(ao)
+        if spec.clip is not None:
+            if kept is not None:
+                np.less_equal(np.abs(ao), spec.clip, out=kept[:, hs : 2 * hs])
+            np.clip(ao, -spec.clip, spec.clip, out=ao)
+        go = f_act(ao, gates[:, hs : 2 * hs])
     hc = h_act(c_new)
-    return go * hc, c_new, gates, hc
+    return go * hc, c_new, hc
 
 
-def _gru_step(spec, a, h, r, rb, acts, kept):
-    """One GRU step; a holds X W^T + Wb (+ Rb for z and r) [N, 3H] (gates z, r, h)."""
+def _gru_step(spec, a, h, r, rb, acts, kept, gates):
+    """One GRU step; a holds X W^T + Wb (+ Rb for z and r) [N, 3H] (gates z, r, h), updated in place; gate values
+    into gates. Returns (h, the value R_h reads: r*h, or h R_h^T + Rb_h with linear_before_reset)."""
     hs = spec.hidden
     f_act, g_act = acts
-    a[:, : 2 * hs] += np.dot(h, r[: 2 * hs].T)
-    az, ar, ah = a[:, :hs], a[:, hs : 2 * hs], a[:, 2 * hs :]
+    if spec.linear_before_reset:  # one product against all of R
+        hr = np.dot(h, r.T)
+        a[:, : 2 * hs] += hr[:, : 2 * hs]
+        ex = hr[:, 2 * hs :]
+        ex += rb[2 * hs :]  # h R_h^T + Rb_h
+    else:
+        a[:, : 2 * hs] += np.dot(h, r[: 2 * hs].T)
+    azr, ah = a[:, : 2 * hs], a[:, 2 * hs :]
     if spec.clip is not None:
-        lim = spec.clip
-        for k, part in ((0, az), (1, ar)):
-            if kept is not None:
-                np.less_equal(np.abs(part), lim, out=kept[:, k * hs : (k + 1) * hs])
-            np.clip(part, -lim, lim, out=part)
-    gates = np.empty_like(a)
-    z = gates[:, :hs] = f_act(az)
-    rr = gates[:, hs : 2 * hs] = f_act(ar)
+        if kept is not None:
+            np.less_equal(np.abs(azr), spec.clip, out=kept[:, : 2 * hs])
+        np.clip(azr, -spec.clip, spec.clip, out=azr)
+    f_act(azr, gates[:, : 2 * hs])
+    z, rr = gates[:, :hs], gates[:, hs : 2 * hs]
     if spec.linear_before_reset:
-        ex = np.dot(h, r[2 * hs :].T) + rb[2 * hs :]  # h R_h^T + Rb_h
         ah += rr * ex
     else:
         ex = rr * h
-        ah += np.dot(ex, r[2 * hs :].T) + rb[2 * hs :]
+        ah += np.dot(ex, r[2 * hs :].T)
+        ah += rb[2 * hs :]
     if spec.clip is not None:
         if kept is not None:
             np.less_equal(np.abs(ah), spec.clip, out=kept[:, 2 * hs :])
         np.clip(ah, -spec.clip, spec.clip, out=ah)
-    hh = gates[:, 2 * hs :] = g_act(ah)
-    return (1 - z) * hh + z * h, gates, ex
+    hh = g_act(ah, gates[:, 2 * hs :])
+    h_new = h - hh  # (1 - z) * hh + z * h = hh + z * (h - hh)
+    h_new *= z
+    h_new += hh
+    return h_new, ex
 
 
 def forward(spec: Spec, noutputs: int, keep: bool = False):
@@ -744,6 +779,8 @@ def backward(spec: Spec, dy, dyh, dyc, noutputs: int):
         extra_grad = np.empty((t_len, n, hs), dt) if spec.op == "GRU" else None
         r = spec.r[d]
         p = spec.p[d] if spec.p is not None else None
+        slopes = _slopes(spec, tr, d)
+        slope_h = spec.acts[d][2].slope(tr.c[1:], tr.extra) if spec.op == "LSTM" else None
         for t in range(t_len - 1, -1, -1):
             # the state after step t is h[t+1]; with a mask, a padded step passes its gradient straight through
             if dy_d is not None:
@@ -758,14 +795,12 @@ def backward(spec: Spec, dy, dyh, dyc, noutputs: int):
                     dc_pass = np.where(mt, 0, dc)
                     dc = np.where(mt, dc, 0)
             if spec.op == "RNN":
-                a_t = da[t]
-                np.multiply(dh_new, spec.acts[d][0].slope(tr.a[t], tr.gates[t]), out=a_t)
-                _unclip(tr, t, a_t)
-                dh = np.dot(a_t, r)
+                np.multiply(dh_new, slopes[t], out=da[t])
+                dh = np.dot(da[t], r)
             elif spec.op == "LSTM":
-                dh, dc = _lstm_back(spec, tr, t, d, dh_new, dc, p, da[t])
+                dh, dc = _lstm_back(spec, tr, t, dh_new, dc, p, r, da[t], slopes[t], slope_h[t])
             else:
-                dh = _gru_back(spec, tr, t, d, dh_new, r, da[t], extra_grad)
+                dh = _gru_back(spec, tr, t, dh_new, r, da[t], slopes[t], extra_grad[t])
             if m is not None:
                 dh = dh + dh_pass
                 if dc is not None:
@@ -811,84 +846,79 @@ def backward(spec: Spec, dy, dyh, dyc, noutputs: int):
     return tuple(outs[:noutputs]) if noutputs > 1 else outs[0]
 
 
-def _unclip(tr: Trace, t: int, da: np.ndarray, part: slice = slice(None)) -> None:
+def _slopes(spec: Spec, tr: Trace, d: int) -> np.ndarray:
+    """[T, N, G*H]: the slope of each gate's activation at every step (0 where clip bounded its input), computed
+    for all steps at once."""
+    hs, op = spec.hidden, spec.op
+    acts = spec.acts[d]
+    s = np.empty_like(tr.a)
+    k = {"RNN": 1, "LSTM": 3, "GRU": 2}[op] * hs  # the gates the first activation applies to
+    s[..., :k] = acts[0].slope(tr.a[..., :k], tr.gates[..., :k])
+    if op != "RNN":
+        s[..., k:] = acts[1].slope(tr.a[..., k:], tr.gates[..., k:])
     if tr.kept is not None:
-        da *= tr.kept[t][:, part]
+        s *= tr.kept
+    return s
 
 
-def _lstm_back(spec: Spec, tr: Trace, t: int, d: int, dh_new, dc, p, da):
-    """One step back through an LSTM cell: (dh_prev, dc_prev); fills da [N, 4H] (i, o, f, c)."""
+def _lstm_back(spec: Spec, tr: Trace, t: int, dh_new, dc, p, r, da, s, s_h):
+    """One step back through an LSTM cell: (dh_prev, dc_prev); fills da [N, 4H] (i, o, f, c). s: the gates'
+    slopes at this step, s_h: h's slope at the new cell state."""
     hs = spec.hidden
-    f_act, g_act, h_act = spec.acts[d]
-    gates, a = tr.gates[t], tr.a[t]
+    gates = tr.gates[t]
     gi, go, gf, gc = gates[:, :hs], gates[:, hs : 2 * hs], gates[:, 2 * hs : 3 * hs], gates[:, 3 * hs :]
-    c_prev, c_new, hc = tr.c[t], tr.c[t + 1], tr.extra[t]
-    # with a mask, c[t+1] is the kept state: for a valid step it is the new c, and padded steps get no gradient
-    dao = da[:, hs : 2 * hs]
-    np.multiply(dh_new * hc, f_act.slope(a[:, hs : 2 * hs], go), out=dao)
-    _unclip(tr, t, dao, slice(hs, 2 * hs))
-    dct = dc + dh_new * go * h_act.slope(_pre_h(c_new), hc)
+    dai, dao, daf, dac = da[:, :hs], da[:, hs : 2 * hs], da[:, 2 * hs : 3 * hs], da[:, 3 * hs :]
+    np.multiply(dh_new, tr.extra[t], out=dao)  # h = o * h_act(c)
+    dao *= s[:, hs : 2 * hs]
+    dct = dh_new * go
+    dct *= s_h
+    dct += dc
     if p is not None:
         dct += dao * p[hs : 2 * hs]
-    dgi = dct * gc
-    dgf = dct * c_prev
-    dgc = dct * gi
-    if spec.input_forget:
-        dgi = dgi - dgf
-        da[:, 2 * hs : 3 * hs] = 0
+    np.multiply(dct, gc, out=dai)
+    np.multiply(dct, tr.c[t], out=daf)  # with a mask, c[t] is the state this step read
+    if spec.input_forget:  # f = 1 - i
+        dai -= daf
+        daf[...] = 0
     else:
-        daf = da[:, 2 * hs : 3 * hs]
-        np.multiply(dgf, f_act.slope(a[:, 2 * hs : 3 * hs], gf), out=daf)
-        _unclip(tr, t, daf, slice(2 * hs, 3 * hs))
-    dai = da[:, :hs]
-    np.multiply(dgi, f_act.slope(a[:, :hs], gi), out=dai)
-    _unclip(tr, t, dai, slice(0, hs))
-    dac = da[:, 3 * hs :]
-    np.multiply(dgc, g_act.slope(a[:, 3 * hs :], gc), out=dac)
-    _unclip(tr, t, dac, slice(3 * hs, 4 * hs))
+        daf *= s[:, 2 * hs : 3 * hs]
+    dai *= s[:, :hs]
+    np.multiply(dct, gi, out=dac)
+    dac *= s[:, 3 * hs :]
     dc_prev = dct * gf
     if p is not None:
         dc_prev += dai * p[:hs]
         if not spec.input_forget:
-            dc_prev += da[:, 2 * hs : 3 * hs] * p[2 * hs :]
-    dh_prev = np.dot(da, spec.r[d])
-    return dh_prev, dc_prev
+            dc_prev += daf * p[2 * hs :]
+    return np.dot(da, r), dc_prev
 
 
-def _pre_h(c: np.ndarray) -> np.ndarray:
-    return c  # h is applied to the cell state itself (clip bounds the gates' inputs only)
-
-
-def _gru_back(spec: Spec, tr: Trace, t: int, d: int, dh_new, r, da, extra_grad):
-    """One step back through a GRU cell: dh_prev; fills da [N, 3H] (z, r, h) and extra_grad[t]."""
+def _gru_back(spec: Spec, tr: Trace, t: int, dh_new, r, da, s, extra_grad):
+    """One step back through a GRU cell: dh_prev; fills da [N, 3H] (z, r, h) and extra_grad (the gradient of
+    what R_h multiplies: d(h R_h^T + Rb_h) with linear_before_reset, else d a_h)."""
     hs = spec.hidden
-    f_act, g_act = spec.acts[d]
-    gates, a = tr.gates[t], tr.a[t]
+    gates = tr.gates[t]
     z, rr, hh = gates[:, :hs], gates[:, hs : 2 * hs], gates[:, 2 * hs :]
+    daz, dar, dah = da[:, :hs], da[:, hs : 2 * hs], da[:, 2 * hs :]
     h_prev = tr.h[t]
-    dz = dh_new * (h_prev - hh)
-    dah = da[:, 2 * hs :]
-    np.multiply(dh_new * (1 - z), g_act.slope(a[:, 2 * hs :], hh), out=dah)
-    _unclip(tr, t, dah, slice(2 * hs, 3 * hs))
+    np.subtract(1, z, out=dah)  # h = (1 - z) * hh + z * h_prev
+    dah *= dh_new
+    dah *= s[:, 2 * hs :]
+    np.subtract(h_prev, hh, out=daz)
+    daz *= dh_new
+    daz *= s[:, :hs]
     dh_prev = dh_new * z
-    rh = r[2 * hs :]
     if spec.linear_before_reset:
-        q = tr.extra[t]  # h R_h^T + Rb_h
-        dq = dah * rr
-        drr = dah * q
-        extra_grad[t] = dq
-        dh_prev += np.dot(dq, rh)
+        np.multiply(dah, rr, out=extra_grad)  # a_h = x W_h^T + r * (h R_h^T + Rb_h)
+        np.multiply(dah, tr.extra[t], out=dar)
+        dh_prev += np.dot(extra_grad, r[2 * hs :])
     else:
-        d_rh = np.dot(dah, rh)  # gradient of r*h
-        drr = d_rh * h_prev
-        dh_prev += d_rh * rr
-        extra_grad[t] = dah
-    daz = da[:, :hs]
-    np.multiply(dz, f_act.slope(a[:, :hs], z), out=daz)
-    _unclip(tr, t, daz, slice(0, hs))
-    dar = da[:, hs : 2 * hs]
-    np.multiply(drr, f_act.slope(a[:, hs : 2 * hs], rr), out=dar)
-    _unclip(tr, t, dar, slice(hs, 2 * hs))
+        d_rh = np.dot(dah, r[2 * hs :])  # a_h = x W_h^T + (r * h) R_h^T + Rb_h
+        np.multiply(d_rh, h_prev, out=dar)
+        d_rh *= rr
+        dh_prev += d_rh
+        extra_grad[...] = dah
+    dar *= s[:, hs : 2 * hs]
     dh_prev += np.dot(da[:, : 2 * hs], r[: 2 * hs])
     return dh_prev
 
