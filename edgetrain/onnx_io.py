@@ -246,7 +246,13 @@ def to_onnx(
         if n.domain == PRIVATE_DOMAIN:
             fname = f"{n.op_type}_{len(functions)}"
             functions.append(_function_proto(graph, n, fname))
-            n = n.replace(op_type=fname, attrs={}, inputs=tuple(i for i in n.inputs if i))
+            # the function lists only the named inputs and outputs, in order
+            n = n.replace(
+                op_type=fname,
+                attrs={},
+                inputs=tuple(i for i in n.inputs if i),
+                outputs=tuple(o for o in n.outputs if o),
+            )
         attrs = {
             k: (numpy_helper.from_array(np.asarray(v)) if isinstance(v, np.ndarray) else v)
             for k, v in n.attrs.items()

@@ -387,18 +387,13 @@ SKIPPED = [
 ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="edgetrain.onnx_io.to_onnx calls a private node's ONNX function with the node's empty output names "
-    "kept (it drops only the empty input names) while the function's formal outputs are the non-empty ones "
-    "(functions.expand_body), so a fused LSTMGrad/GRUGrad/RNNGrad that skips a gradient before one it computes "
-    "(dX of a data input: the usual training case) gives a model that onnx.checker and onnxruntime reject "
-    "('Number of actual parameters cannot exceed number of formal parameters')",
-)
 @pytest.mark.parametrize(
     "op,wrt,no_bias", SKIPPED, ids=[f"{o}-wrt{''.join(map(str, w))}" for o, w, _ in SKIPPED]
 )
 def test_emitted_graph_with_skipped_gradients_vs_onnxruntime(op, wrt, no_bias):
+    """A fused op whose outputs skip a gradient (unnamed) before one it computes: its ONNX function call lists the
+    named outputs only, as the function does (regression: the call kept the empty names, and onnxruntime
+    refused the model)."""
     inputs = _inputs(op, "forward", lens=LENS, states=True, peepholes=True, bias=not no_bias, seed=12)
     check_against_onnxruntime(op, inputs, {"hidden_size": 3}, wrt=wrt, n_outputs=N_OUT[op])
 
