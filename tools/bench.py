@@ -23,6 +23,7 @@ import importlib.util  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 import re  # noqa: E402
+import shlex  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -106,9 +107,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.repeats = 1 if args.quick else 3
     if args.repeats < 1:
         ap.error("--repeats must be at least 1")
-    args.command = "python tools/bench.py" + "".join(
-        f" {a}" for a in (argv if argv is not None else sys.argv[1:])
-    )
+    args.command = shlex.join(["python", "tools/bench.py", *(argv if argv is not None else sys.argv[1:])])
     return args
 
 
