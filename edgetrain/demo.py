@@ -1,9 +1,11 @@
 """`edgetrain demo`: the embedded base model and a new user's digits -> the personalization story on screen (base
 accuracy, head-only and full fine-tuning side by side, accuracy after, export checked by onnxruntime), a table, a
-JSON summary and, with matplotlib, a training-curve plot. Build side: needs onnx; onnxruntime for the check."""
+JSON summary and, with matplotlib, a training-curve plot. Build side: needs onnx; onnxruntime for the check.
+`--model lstm` (or gru) tells the same story with a sequence model that reads each digit row by row."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -13,17 +15,41 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from .errors import ConfigError
+
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
-BASE_MODEL = os.path.join(DATA, "digits_lenet.onnx")
+BASE_MODEL = os.path.join(DATA, "digits_lenet.onnx")  # the default model's
 BASE_DIGITS = os.path.join(DATA, "digits")  # the base model's training and test sets (MNIST idx files)
 NEW_USER = os.path.join(DATA, "newuser")  # train: the user's samples to learn from; t10k: held out
 USER_STYLE = "rotated 25 degrees, slanted and written with a heavier pen"
 
+
+@dataclass(frozen=True)
+class BaseModel:
+    """One of the embedded base models (tools/build_demo_assets.py builds them): same input, same output."""
+
+    file: str  # in DATA
+    description: str  # what it is, on screen after its file name
+    head: str  # the classifier layer (node) that head-only fine-tuning trains: its parameters are f"{head}.*"
+    recurrent: str | None = None  # the recurrent op (LSTM, GRU) the head sits on, if any
+
+
+MODELS = {
+    "lenet": BaseModel("digits_lenet.onnx", "LeNet-5 style", "fc3"),
+    "lstm": BaseModel(
+        "digits_lstm.onnx", "an LSTM (64 units) reading each digit row by row, 28 steps", "fc", "LSTM"
+    ),
+    "gru": BaseModel(
+        "digits_gru.onnx", "a GRU (64 units) reading each digit row by row, 28 steps", "fc", "GRU"
+    ),
+}
+
 # The two ways to personalize, side by side: the same data, epochs and batches; each with the step size that
-# suits it (measured in tools/build_demo_assets.py's experiments: more makes full fine-tuning unstable).
+# suits it (measured in tools/build_demo_assets.py's experiments: more makes full fine-tuning unstable; the
+# recurrent models were measured with the same rates). The head-only variant trains MODELS[...].head alone.
 VARIANTS = {
-    "head-only": {"trainable": ["fc3.*"], "lr": 0.05},
-    "full": {"trainable": None, "lr": 0.01},
+    "head-only": {"head_only": True, "lr": 0.05},
+    "full": {"head_only": False, "lr": 0.01},
 }
 BATCH = 10
 
@@ -53,6 +79,7 @@ class DemoResult:
     seconds: float
     plot: str | None
     out_dir: str
+    model: str = "lenet"  # a key of MODELS
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -77,6 +104,17 @@ def _check_with_onnxruntime(path: str, x: np.ndarray, y: np.ndarray, reference: 
     sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
     (probs,) = sess.run(None, {sess.get_inputs()[0].name: x})
     return _accuracy(probs, y), float(np.max(np.abs(probs - reference)))
+
+
+def _recurrent_weights(path: str, op: str) -> tuple[int, dict[str, np.ndarray]]:
+    """(how many `op` nodes the ONNX model holds, the initializers they read (W, R, B) by name)."""
+    import onnx
+    from onnx import numpy_helper
+
+    graph = onnx.load(path).graph
+    nodes = [n for n in graph.node if n.op_type == op]
+    names = {i for n in nodes for i in n.input}
+    return len(nodes), {t.name: numpy_helper.to_array(t) for t in graph.initializer if t.name in names}
 
 
 def _plot(path: str, result: DemoResult) -> str | None:
@@ -111,7 +149,10 @@ def _plot(path: str, result: DemoResult) -> str | None:
     loss_ax.set(xlabel="epoch", ylabel="loss", title=f"training loss ({result.user_train_samples} samples)")
     loss_ax.set_yscale("log")
     loss_ax.legend()
-    fig.suptitle("edgetrain demo: personalizing a handwriting model on the device")
+    op = MODELS[result.model].recurrent
+    fig.suptitle(
+        "edgetrain demo: personalizing a handwriting model on the device" + (f" ({op})" if op else "")
+    )
     fig.tight_layout()
     tmp = path + ".tmp.png"
     fig.savefig(tmp, dpi=110)
@@ -121,16 +162,64 @@ def _plot(path: str, result: DemoResult) -> str | None:
 
 
 def run_demo(
-    out_dir: str = "edgetrain-demo",
+    out_dir: str | None = None,
     *,
+    model: str = "lenet",
     epochs: int = 20,
     plot: bool = True,
     stream: TextIO | None = None,
     progress_stream: TextIO | None = None,
     seed: int = 0,
 ) -> DemoResult:
-    """The whole story; writes artifacts, checkpoints, personalized models, summary.json and curves.png into
-    out_dir, and tells it on `stream` (stdout), with progress bars on `progress_stream` (stderr)."""
+    """The whole story with MODELS[model]; writes artifacts, checkpoints, personalized models, summary.json and
+    curves.png into out_dir (default ./edgetrain-demo, ./edgetrain-demo-MODEL for another model than lenet), and
+    tells it on `stream` (stdout), with progress bars on `progress_stream` (stderr)."""
+    if model not in MODELS:
+        raise ConfigError(f"the demo has no model {model!r}; it has {', '.join(MODELS)}")
+    if out_dir is None:
+        out_dir = "edgetrain-demo" if model == "lenet" else f"edgetrain-demo-{model}"
+    # A recurrence is a chain of small matrix products (28 steps of [10, 64] x [64, 256]) that gains nothing from a
+    # second BLAS thread on an idle 2-core x86-64, and ran 4 times slower with two on a busy one (15 s against
+    # 3.7 s for head-only's 100 steps, with 4 times the CPU time). The process's setting is restored after.
+    with _blas_threads(1 if MODELS[model].recurrent else None):
+        return _story(
+            out_dir,
+            model,
+            epochs=epochs,
+            plot=plot,
+            stream=stream,
+            progress_stream=progress_stream,
+            seed=seed,
+        )
+
+
+@contextlib.contextmanager
+def _blas_threads(n: int | None):
+    """numpy's BLAS at n threads (None: as it is) inside the block, as before after it (when it can be told)."""
+    if n is None:
+        yield
+        return
+    from .runtime.threads import blas_threads
+
+    before, _ = blas_threads()
+    blas_threads(n)
+    try:
+        yield
+    finally:
+        if before is not None:
+            blas_threads(before)
+
+
+def _story(
+    out_dir: str,
+    model: str,
+    *,
+    epochs: int,
+    plot: bool,
+    stream: TextIO | None,
+    progress_stream: TextIO | None,
+    seed: int,
+) -> DemoResult:
     import edgetrain as et
     from loaders import DataLoader, MnistDataView
 
@@ -138,6 +227,8 @@ def run_demo(
 
     out = stream if stream is not None else sys.stdout
     t_start = time.perf_counter()
+    spec = MODELS[model]
+    base_path = os.path.join(DATA, spec.file)
 
     def say(text: str = "") -> None:
         out.write(text + "\n")
@@ -153,15 +244,18 @@ def run_demo(
 
     say("edgetrain demo: personalizing a handwriting model on the device")
     say("")
-    say(
-        f"  base model  {os.path.basename(BASE_MODEL)}: LeNet-5 style, trained by edgetrain on "
-        f"{base_train.size():,} UCI handwritten digits"
-    )
+    what = f"  base model  {spec.file}: {spec.description},"
+    trained = f"trained by edgetrain on {base_train.size():,} UCI handwritten digits"
+    if len(what) + 1 + len(trained) <= 110:
+        say(f"{what} {trained}")
+    else:
+        say(what)
+        say(f"              {trained}")
     say(f"  new user    writes digits {USER_STYLE};")
     say(f"              {user_train.size()} samples to learn from, {user_held.size()} held out to measure")
     say("")
 
-    base = et.InferenceSession(BASE_MODEL)
+    base = et.InferenceSession(base_path)
     (p_user,) = base.run(None, {"image": xu})
     (p_orig,) = base.run(None, {"image": xo})
     base_user, base_orig = _accuracy(p_user, yu), _accuracy(p_orig, yo)
@@ -172,24 +266,34 @@ def run_demo(
 
     t0 = time.perf_counter()
     paths = {}
+    program_ops = {}  # variant -> the op types of its training program
     for name, cfg in VARIANTS.items():
         art = et.convert(
-            BASE_MODEL,
+            base_path,
             loss=et.CrossEntropyLoss(),
             optimizer=et.SGD(lr=cfg["lr"], momentum=0.9, weight_decay=5e-4),
-            trainable=cfg["trainable"],
+            trainable=[f"{spec.head}.*"] if cfg["head_only"] else None,
             batch_size=BATCH,
         )
         paths[name] = os.path.join(out_dir, f"{name}.etrain")
         art.save(paths[name])
+        program_ops[name] = {n.op_type for n in art.graph.nodes}
     say(
-        f"[2/4] converted it into two training programs (.etrain), head-only (fc3) and full, "
+        f"[2/4] converted it into two training programs (.etrain), head-only ({spec.head}) and full, "
         f"in {duration(time.perf_counter() - t0)}"
     )
+    if spec.recurrent:
+        grad = f"{spec.recurrent}Grad"  # the recurrence's fused backward: back through time in one op
+        head_has, full_has = grad in program_ops["head-only"], grad in program_ops["full"]
+        say(
+            f"      head-only {'still goes back through' if head_has else 'has no backward through'} the "
+            f"{spec.recurrent}; full {'goes back through' if full_has else 'does NOT go back through'} it, "
+            f"all {xu.shape[2]} steps"
+        )
 
     say(
         f"[3/4] fine-tuning on the device: {epochs} epochs of the user's {user_train.size()} samples, "
-        f"batch {BATCH}, SGD with momentum"
+        f"batch {BATCH}, SGD with momentum" + (", one BLAS thread" if spec.recurrent else "")
     )
     variants: dict[str, VariantResult] = {}
     sessions = {}
@@ -250,6 +354,23 @@ def run_demo(
         )
     else:
         say("[4/4] exported the personalized models to ONNX (onnxruntime is not installed: not checked)")
+    if spec.recurrent:
+        _, shipped = _recurrent_weights(base_path, spec.recurrent)
+        kept, changed = [], {}
+        for name, v in variants.items():
+            count, mine = _recurrent_weights(v.onnx_path, spec.recurrent)
+            kept.append(count)
+            changed[name] = [k for k in shipped if not np.array_equal(mine.get(k), shipped[k])]
+        weights = "; ".join(
+            f"{name}'s {', '.join(c) + ' trained' if c else 'weights as shipped'}"
+            for name, c in changed.items()
+        )
+        if set(kept) == {1}:
+            say(f"      the {spec.recurrent} stays one ONNX node: {weights}")
+        else:
+            say(
+                f"      {spec.recurrent} nodes in the exported models: {kept} (the base model has one); {weights}"
+            )
 
     demo = DemoResult(
         base_user_accuracy=base_user,
@@ -261,6 +382,7 @@ def run_demo(
         seconds=0.0,
         plot=None,
         out_dir=out_dir,
+        model=model,
     )
     if plot:
         demo.plot = _plot(os.path.join(out_dir, "curves.png"), demo)

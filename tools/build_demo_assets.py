@@ -6,8 +6,12 @@
                               heavier strokes): train-* (a few dozen samples to personalize on), t10k-* (held out)
     edgetrain/data/digits_lenet.onnx
                               a LeNet-style base model trained from scratch on digits/train by edgetrain itself
+    edgetrain/data/digits_lstm.onnx, digits_gru.onnx
+                              sequence models of the same digits, read row by row (28 steps of 28 pixels) by an
+                              ONNX LSTM or GRU node, trained from scratch the same way (`edgetrain demo --model lstm`)
 
 Needs the build side and scikit-learn:  pip install -e ".[dev]" scikit-learn;  python tools/build_demo_assets.py
+`--only lstm gru` rebuilds just those base models from the committed data files (no scikit-learn needed).
 Everything is seeded: running it again rebuilds the same data files (the model's bytes may vary with numpy's BLAS).
 """
 
@@ -175,25 +179,95 @@ def lenet_onnx(seed: int):
     return model
 
 
-def train_base(directory: str, out_path: str, *, epochs: int, seed: int) -> None:
+def recurrent_onnx(seed: int, op: str = "LSTM", hidden: int = 64):
+    """A digit read as a sequence: image [N, 1, 28, 28] -> Reshape [N, 28, 28] -> Transpose [28, N, 28] (time first,
+    layout 0: one image row a step) -> LSTM or GRU (forward, `hidden` units) -> its last hidden state Y_h [1, N, H]
+    -> Squeeze [N, H] -> Gemm "fc" to 10 classes -> Softmax, the same input and output as lenet_onnx. Weights
+    uniform in +-1/sqrt(hidden) (PyTorch's recurrent default), the LSTM's forget gate biased open (+1), He-normal
+    classifier, zero biases."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    gates = {"LSTM": 4, "GRU": 3}[op]
+    k = 1 / np.sqrt(hidden)
+    bias = np.zeros((1, 2 * gates * hidden))
+    if op == "LSTM":
+        bias[0, 2 * hidden : 3 * hidden] = 1.0  # gates in ONNX's order i, o, f, c: f is the third
+    arrays = {
+        "rows_shape": np.array([-1, 28, 28], np.int64),
+        f"{op.lower()}.W": rng.uniform(-k, k, (1, gates * hidden, 28)),
+        f"{op.lower()}.R": rng.uniform(-k, k, (1, gates * hidden, hidden)),
+        f"{op.lower()}.B": bias,
+        "direction_axis": np.array([0], np.int64),
+        "fc.weight": rng.standard_normal((10, hidden)) * np.sqrt(2.0 / hidden),
+        "fc.bias": np.zeros(10),
+    }
+    inits = [
+        numpy_helper.from_array(a if a.dtype == np.int64 else a.astype(np.float32), name)
+        for name, a in arrays.items()
+    ]
+    rnn = op.lower()
+    nodes = [
+        helper.make_node("Reshape", ["image", "rows_shape"], ["rows"]),
+        helper.make_node("Transpose", ["rows"], ["steps"], perm=[1, 0, 2]),
+        helper.make_node(
+            op,
+            ["steps", f"{rnn}.W", f"{rnn}.R", f"{rnn}.B"],
+            ["", "last_hidden"],  # Y is not needed: the last step's hidden state only
+            name=rnn,
+            hidden_size=hidden,
+            direction="forward",
+        ),
+        helper.make_node("Squeeze", ["last_hidden", "direction_axis"], ["features"]),
+        helper.make_node("Gemm", ["features", "fc.weight", "fc.bias"], ["fc"], name="fc", transB=1),
+        helper.make_node("Softmax", ["fc"], ["probabilities"], axis=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        f"digits_{rnn}",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["N", 1, 28, 28])],
+        [helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["N", 10])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], producer_name="edgetrain")
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+# name -> how to build and train it: SGD's learning rate, default epochs, BLAS threads (None: numpy's default).
+# Measured on digits/t10k: lenet 99.3% after 15 epochs; lstm 97.0% and gru 96.3% after 30, about 0.5 s an epoch
+# on a 2-core x86-64 with one BLAS thread (a recurrence's small products run 4 to 10 times slower on two busy
+# cores than on one).
+BASE_MODELS = {
+    "lenet": {"build": lenet_onnx, "lr": 0.05, "epochs": 15, "threads": None},
+    "lstm": {"build": lambda seed: recurrent_onnx(seed, "LSTM"), "lr": 0.1, "epochs": 30, "threads": 1},
+    "gru": {"build": lambda seed: recurrent_onnx(seed, "GRU"), "lr": 0.1, "epochs": 30, "threads": 1},
+}
+
+
+def train_base(directory: str, out_path: str, *, epochs: int, seed: int, model: str = "lenet") -> None:
+    """Trains BASE_MODELS[model] from scratch with edgetrain on directory's train split (cosine schedule, SGD with
+    momentum) and exports it to out_path."""
     import tempfile
 
     import edgetrain as et
     from loaders import DataLoader, MnistDataView
 
+    recipe = BASE_MODELS[model]
     train = MnistDataView.from_dir(directory, "train")
     test = MnistDataView.from_dir(directory, "test")
     batch = 32
     art = et.convert(
-        lenet_onnx(seed),
+        recipe["build"](seed),
         loss=et.CrossEntropyLoss(),
-        optimizer=et.SGD(lr=0.05, momentum=0.9, weight_decay=5e-4),
+        optimizer=et.SGD(lr=recipe["lr"], momentum=0.9, weight_decay=5e-4),
         batch_size=batch,
     )
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "base.etrain")
         art.save(path)
-        sess = et.TrainingSession(path)
+        sess = et.TrainingSession(path, threads=recipe["threads"])
         loader = DataLoader(train, batch, shuffle=True, seed=seed, drop_last=True)
         val = DataLoader(test, batch)
         steps = epochs * len(loader)
@@ -217,18 +291,32 @@ def train_base(directory: str, out_path: str, *, epochs: int, seed: int) -> None
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--epochs", type=int, default=15)
+    p.add_argument(
+        "--epochs",
+        type=int,
+        help="base model training epochs (default: each model's own, lenet 15, lstm and gru 30)",
+    )
     p.add_argument("--data-only", action="store_true", help="rewrite the idx files only")
+    p.add_argument(
+        "--only",
+        nargs="+",
+        choices=list(BASE_MODELS),
+        help="rebuild only these base models, from the committed data files (e.g. --only lstm)",
+    )
     args = p.parse_args(argv)
     sys.path.insert(0, ROOT)
-    for name, (x, y) in build_data().items():
-        sub, split = name.split("/")
-        write_split(os.path.join(DATA, sub), split, x, y)
-        print(f"wrote {name}: {len(y)} images, {np.bincount(y, minlength=10).tolist()} per digit")
-    if not args.data_only:
-        print("training the base model with edgetrain:")
-        out = os.path.join(DATA, "digits_lenet.onnx")
-        train_base(os.path.join(DATA, "digits"), out, epochs=args.epochs, seed=SEED)
+    if not args.only:
+        for name, (x, y) in build_data().items():
+            sub, split = name.split("/")
+            write_split(os.path.join(DATA, sub), split, x, y)
+            print(f"wrote {name}: {len(y)} images, {np.bincount(y, minlength=10).tolist()} per digit")
+    if args.data_only:
+        return 0
+    for model in args.only or list(BASE_MODELS):
+        epochs = args.epochs or BASE_MODELS[model]["epochs"]
+        print(f"training the {model} base model with edgetrain:")
+        out = os.path.join(DATA, f"digits_{model}.onnx")
+        train_base(os.path.join(DATA, "digits"), out, epochs=epochs, seed=SEED, model=model)
         print(f"wrote {os.path.relpath(out, ROOT)} ({os.path.getsize(out) / 1024:.0f} KiB)")
     return 0
 

@@ -143,7 +143,14 @@ def build_parser() -> argparse.ArgumentParser:
         "demo", parents=[common], help="personalize the embedded handwriting model (< 1 minute)"
     )
     d.add_argument(
-        "--out", default="edgetrain-demo", help="directory for the files (default ./edgetrain-demo)"
+        "--model",
+        choices=["lenet", "lstm", "gru"],
+        default="lenet",
+        help="the base model: lenet (default), or a sequence model that reads each digit row by row: lstm, gru",
+    )
+    d.add_argument(
+        "--out",
+        help="directory for the files (default ./edgetrain-demo; ./edgetrain-demo-lstm for --model lstm)",
     )
     d.add_argument("--epochs", type=int, default=20, help="fine-tuning epochs (default 20)")
     d.add_argument("--no-plot", action="store_true", help="do not write the training-curve plot")

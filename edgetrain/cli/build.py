@@ -186,7 +186,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
     if args.epochs < 1:
         raise UsageError(f"--epochs must be a positive integer, got {args.epochs}")
-    result = demo.run_demo(args.out, epochs=args.epochs, plot=not args.no_plot)
+    result = demo.run_demo(args.out, model=args.model, epochs=args.epochs, plot=not args.no_plot)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             f.write(result.to_json() + "\n")
