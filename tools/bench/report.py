@@ -398,7 +398,7 @@ _REASONS = (  # a runtime's own error message -> why, in a few words (the full m
     (r"gradient builder has not been registered: (\w+)", "no gradient for {0}"),
     (
         r"(\w+) and \w+Grad kernel only supports the forward direction",
-        "its training {0} kernel runs the forward direction only (this one is bidirectional)",
+        "its training {0} kernel is forward-only; this one is bidirectional",
     ),
     (r"timed out after", "timed out"),
 )
@@ -480,7 +480,9 @@ def write_png(path: Path, rows: list[dict]) -> bool:
         for i, r in enumerate(rows):
             v, t = r["ratios"].get(key), r["targets"].get(key)
             if v is None:
-                ax.text(lo * 1.1, i, "not measured", va="center", fontsize=8, color="#777777")
+                peer = r["runtimes"].get(key.split("/")[1], {})
+                said = f"n/a: {plain_reason(peer['error'])}" if "error" in peer else "not measured"
+                ax.text(lo * 1.1, i, said, va="center", fontsize=8, color="#777777")
                 continue
             ax.barh(i, v, color=colors[None if t is None else t["met"]], height=0.7)
             ax.text(max(v, t["target"] if t else v) * 1.06, i, f"{v:.2f}", va="center", fontsize=8)
@@ -497,8 +499,11 @@ def write_png(path: Path, rows: list[dict]) -> bool:
     axes[0].set_yticks(range(len(rows)), [r["describe"] for r in rows], fontsize=8)
     axes[0].invert_yaxis()  # the axes share y: invert once
     names = {True: "target met", False: "target missed", None: "no target"}
-    legend = [Patch(color=colors[k], label=v) for k, v in names.items()]
-    legend.append(Patch(color="#b00020", label="target (issue 12)"))
+    if any(r["targets"] for r in rows):
+        legend = [Patch(color=colors[k], label=v) for k, v in names.items()]
+        legend.append(Patch(color="#b00020", label="target (issue 12)"))
+    else:  # the recurrent configurations: no issue-12 target at all
+        legend = [Patch(color=colors[None], label="no target (measured for information)")]
     fig.legend(handles=legend, loc="lower center", ncol=4, fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.06, 1, 1))
     fig.savefig(path, dpi=110)
