@@ -309,11 +309,10 @@ def batch_free_states(graph: Graph) -> tuple[Graph, list[str]]:
     folds nn.LSTM's zero state for the example's batch B) becomes that value expanded to the batch X has at run
     time, so the model runs at any batch, as its PyTorch module does."""
     b = GraphBuilder(graph)
-    pre: list[Node] = []
     notes: list[str] = []
     made: dict[tuple[str, str], str] = {}
     seen: set[str] = set()
-    nodes = []
+    nodes: list[Node] = []
     for node in graph.nodes:
         positions = RECURRENT_STATES.get(node.op_type, ()) if not node.domain else ()
         inputs = list(node.inputs)
@@ -324,8 +323,8 @@ def batch_free_states(graph: Graph) -> tuple[Graph, list[str]]:
                 continue
             layout = int(node.attrs.get("layout", 0))
             key = (name, node.inputs[0])
-            if key not in made:
-                made[key] = _state_like(b, pre, node, v, layout)
+            if key not in made:  # its nodes go right before this first reader (X is made by then)
+                made[key] = _state_like(b, nodes, node, v, layout)
             if name not in seen:
                 seen.add(name)
                 notes.append(
@@ -336,33 +335,11 @@ def batch_free_states(graph: Graph) -> tuple[Graph, list[str]]:
         nodes.append(node.replace(inputs=tuple(inputs)) if inputs != list(node.inputs) else node)
     if not notes:
         return graph, []
-    # each state's nodes go right before the first node that reads it (after its X is made, then)
-    out: list[Node] = []
-    by_output = {o: p for p in pre for o in p.outputs}
-    placed: set[str] = set()
-    for n in nodes:
-        for i in n.inputs:
-            if i in by_output and i not in placed:
-                out.extend(_chain(i, by_output, placed))
-        out.append(n)
-    g = b.finish()
-    return g.copy(nodes=out), notes
+    return b.finish().copy(nodes=nodes), notes
 
 
-def _chain(value: str, by_output: dict[str, Node], placed: set[str]) -> list[Node]:
-    """The pre-built nodes that make value, producers first."""
-    node = by_output[value]
-    chain: list[Node] = []
-    for i in node.inputs:
-        if i in by_output and i not in placed:
-            chain.extend(_chain(i, by_output, placed))
-    chain.append(node)
-    placed.update(o for o in node.outputs)
-    return chain
-
-
-def _state_like(b: GraphBuilder, pre: list[Node], node: Node, v: np.ndarray, layout: int) -> str:
-    """Nodes (appended to pre) making a [D, N, H] (layout 0) or [N, D, H] (layout 1) state of v's one value, N
+def _state_like(b: GraphBuilder, nodes: list[Node], node: Node, v: np.ndarray, layout: int) -> str:
+    """Nodes (appended to nodes) making a [D, N, H] (layout 0) or [N, D, H] (layout 1) state of v's one value, N
     read from the recurrent node's X at run time."""
     x = node.inputs[0]
     base = f"{node.name}_state"
@@ -371,7 +348,7 @@ def _state_like(b: GraphBuilder, pre: list[Node], node: Node, v: np.ndarray, lay
 
     def add(op: str, inputs: list[str], **attrs) -> str:
         out = b.fresh(f"{base}_{op.lower()}")
-        pre.append(Node(op, tuple(inputs), (out,), attrs, name=b.fresh_node_name(f"{base}_{op}")))
+        nodes.append(Node(op, tuple(inputs), (out,), attrs, name=b.fresh_node_name(f"{base}_{op}")))
         return out
 
     shape = add("Shape", [x], start=n_axis, end=n_axis + 1)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...ir import Node
-from ...runtime.kernels.recurrent import DEFAULT_ACTS, DIRECTIONS, GATES, Act, activations
+from ...runtime.kernels.recurrent import DEFAULT_ACTS, DIRECTIONS, GATES, Act, resolve_activations
 from ...runtime.kernels.registry import PRIVATE_DOMAIN
 from ..context import GradContext
 from ..driver import backprop, grad
@@ -103,7 +103,7 @@ class _Unrolled:
         self.layout = int(self.attrs.get("layout", 0))
         self.hidden = g.shape(self.r)[-1]
         self.clip = self.attrs.get("clip")
-        self.acts = activations(
+        self.acts = resolve_activations(
             op,
             DEFAULT_ACTS[op],
             self.nd,

@@ -14,7 +14,7 @@ spares the training step from keeping the gates of every step alive between the 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -140,7 +140,7 @@ def _sigmoid(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     return np.reciprocal(e, out=e)
 
 
-def activations(
+def resolve_activations(
     op: str,
     per_direction: Sequence[str],
     directions: int,
@@ -249,7 +249,7 @@ def make_spec(
     *,
     activation_alpha=None,
     activation_beta=None,
-    activations_=None,
+    activations=None,
     clip=None,
     direction="forward",
     hidden_size=None,
@@ -308,7 +308,7 @@ def make_spec(
             )
         if (lens == t_len).all():
             lens = None  # every sequence is full: the fast path, same result
-    acts = activations(op, DEFAULT_ACTS[op], nd, activations_, activation_alpha, activation_beta)
+    acts = resolve_activations(op, DEFAULT_ACTS[op], nd, activations, activation_alpha, activation_beta)
     return Spec(
         op,
         x,
@@ -572,52 +572,46 @@ def forward(spec: Spec, noutputs: int, keep: bool = False):
 
 
 # ---------------------------------------------------------------------------------------------------- the kernels
-def _common(op: str) -> Callable:
-    def fn(
-        X,
-        W,
-        R,
-        B=None,
-        sequence_lens=None,
-        initial_h=None,
-        initial_c=None,
-        P=None,
-        *,
-        activation_alpha=None,
-        activation_beta=None,
-        activations=None,
-        clip=None,
-        direction="forward",
-        hidden_size=None,
-        layout=0,
-        input_forget=0,
-        linear_before_reset=0,
-        noutputs: int = 1,
-    ):
-        extra = {"initial_c": initial_c, "P": P} if op == "LSTM" else {}
-        spec = make_spec(
-            op,
-            X,
-            W,
-            R,
-            B,
-            sequence_lens,
-            initial_h,
-            **extra,
-            activation_alpha=activation_alpha,
-            activation_beta=activation_beta,
-            activations_=activations,
-            clip=clip,
-            direction=direction,
-            hidden_size=hidden_size,
-            layout=layout,
-            input_forget=input_forget,
-            linear_before_reset=linear_before_reset,
-        )
-        outs, _ = forward(spec, noutputs)
-        return outs if len(outs) > 1 else outs[0]
+def _run_forward(
+    op: str,
+    X,
+    W,
+    R,
+    B=None,
+    sequence_lens=None,
+    initial_h=None,
+    initial_c=None,
+    P=None,
+    *,
+    noutputs: int = 1,
+    **attrs,
+):
+    """The kernels' shared body: their parameters (a kernel passes its locals()) -> the outputs asked for."""
+    spec = make_spec(op, X, W, R, B, sequence_lens, initial_h, initial_c, P, **attrs)
+    outs, _ = forward(spec, noutputs)
+    return outs if len(outs) > 1 else outs[0]
 
-    return fn
+
+def _run_backward(
+    op: str,
+    X,
+    W,
+    R,
+    B=None,
+    sequence_lens=None,
+    initial_h=None,
+    initial_c=None,
+    P=None,
+    *,
+    dY=None,
+    dY_h=None,
+    dY_c=None,
+    noutputs: int = 1,
+    **attrs,
+):
+    """The fused backward ops' shared body: their parameters (a kernel passes its locals()) -> the gradients."""
+    spec = make_spec(op, X, W, R, B, sequence_lens, initial_h, initial_c, P, **attrs)
+    return backward(spec, dY, dY_h, dY_c, noutputs)
 
 
 @kernel("LSTM")
@@ -641,25 +635,7 @@ def lstm(
     layout=0,
     noutputs: int = 1,
 ):
-    return _LSTM(
-        X,
-        W,
-        R,
-        B,
-        sequence_lens,
-        initial_h,
-        initial_c,
-        P,
-        activation_alpha=activation_alpha,
-        activation_beta=activation_beta,
-        activations=activations,
-        clip=clip,
-        direction=direction,
-        hidden_size=hidden_size,
-        input_forget=input_forget,
-        layout=layout,
-        noutputs=noutputs,
-    )
+    return _run_forward("LSTM", **locals())
 
 
 @kernel("GRU")
@@ -681,23 +657,7 @@ def gru(
     linear_before_reset=0,
     noutputs: int = 1,
 ):
-    return _GRU(
-        X,
-        W,
-        R,
-        B,
-        sequence_lens,
-        initial_h,
-        activation_alpha=activation_alpha,
-        activation_beta=activation_beta,
-        activations=activations,
-        clip=clip,
-        direction=direction,
-        hidden_size=hidden_size,
-        layout=layout,
-        linear_before_reset=linear_before_reset,
-        noutputs=noutputs,
-    )
+    return _run_forward("GRU", **locals())
 
 
 @kernel("RNN")
@@ -718,25 +678,7 @@ def rnn(
     layout=0,
     noutputs: int = 1,
 ):
-    return _RNN(
-        X,
-        W,
-        R,
-        B,
-        sequence_lens,
-        initial_h,
-        activation_alpha=activation_alpha,
-        activation_beta=activation_beta,
-        activations=activations,
-        clip=clip,
-        direction=direction,
-        hidden_size=hidden_size,
-        layout=layout,
-        noutputs=noutputs,
-    )
-
-
-_LSTM, _GRU, _RNN = _common("LSTM"), _common("GRU"), _common("RNN")
+    return _run_forward("RNN", **locals())
 
 
 # ---------------------------------------------------------------------------------------------------- backward
@@ -923,22 +865,6 @@ def _gru_back(spec: Spec, tr: Trace, t: int, dh_new, r, da, s, extra_grad):
     return dh_prev
 
 
-def _grad_kernel(op: str) -> Callable:
-    n_in, n_seeds = (8, 3) if op == "LSTM" else (6, 2)
-
-    def fn(*args, noutputs: int = 1, **attrs):
-        args = list(args) + [None] * (n_in + n_seeds - len(args))
-        attrs["activations_"] = attrs.pop("activations", None)
-        spec = make_spec(op, *args[:n_in], **attrs)
-        seeds = args[n_in:]
-        return backward(spec, seeds[0], seeds[1], seeds[2] if op == "LSTM" else None, noutputs)
-
-    return fn
-
-
-_LSTM_GRAD, _GRU_GRAD, _RNN_GRAD = _grad_kernel("LSTM"), _grad_kernel("GRU"), _grad_kernel("RNN")
-
-
 # LSTMGrad(X, W, R, B, sequence_lens, initial_h, initial_c, P, dY, dY_h, dY_c) -> dX, dW, dR, dB, d initial_h,
 # d initial_c, dP (the LSTM's attributes); an omitted seed is a zero gradient.
 @kernel("LSTMGrad", domain=PRIVATE_DOMAIN)
@@ -965,12 +891,7 @@ def lstm_grad(
     layout=0,
     noutputs: int = 1,
 ):
-    return _LSTM_GRAD(
-        X, W, R, B, sequence_lens, initial_h, initial_c, P, dY, dY_h, dY_c,
-        activation_alpha=activation_alpha, activation_beta=activation_beta, activations=activations,
-        clip=clip, direction=direction, hidden_size=hidden_size, input_forget=input_forget, layout=layout,
-        noutputs=noutputs,
-    )  # fmt: skip
+    return _run_backward("LSTM", **locals())
 
 
 # GRUGrad(X, W, R, B, sequence_lens, initial_h, dY, dY_h) -> dX, dW, dR, dB, d initial_h
@@ -995,12 +916,7 @@ def gru_grad(
     linear_before_reset=0,
     noutputs: int = 1,
 ):
-    return _GRU_GRAD(
-        X, W, R, B, sequence_lens, initial_h, dY, dY_h,
-        activation_alpha=activation_alpha, activation_beta=activation_beta, activations=activations,
-        clip=clip, direction=direction, hidden_size=hidden_size, layout=layout,
-        linear_before_reset=linear_before_reset, noutputs=noutputs,
-    )  # fmt: skip
+    return _run_backward("GRU", **locals())
 
 
 # RNNGrad(X, W, R, B, sequence_lens, initial_h, dY, dY_h) -> dX, dW, dR, dB, d initial_h
@@ -1024,8 +940,4 @@ def rnn_grad(
     layout=0,
     noutputs: int = 1,
 ):
-    return _RNN_GRAD(
-        X, W, R, B, sequence_lens, initial_h, dY, dY_h,
-        activation_alpha=activation_alpha, activation_beta=activation_beta, activations=activations,
-        clip=clip, direction=direction, hidden_size=hidden_size, layout=layout, noutputs=noutputs,
-    )  # fmt: skip
+    return _run_backward("RNN", **locals())
