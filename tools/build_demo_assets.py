@@ -132,8 +132,7 @@ def build_data() -> dict[str, tuple[np.ndarray, np.ndarray]]:
 def lenet_onnx(seed: int):
     """LeNet-5 style: Conv(1->6, 5x5, pad 2)+ReLU+MaxPool, Conv(6->16, 5x5)+ReLU+MaxPool, FC 400-120-84-10, Softmax;
     He-normal weights, zero biases."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
     rng = np.random.default_rng(seed)
     inits, nodes = [], []
@@ -167,16 +166,7 @@ def lenet_onnx(seed: int):
     h = op("Relu", gemm(h, "fc1", 400, 120), "relu3")
     h = op("Relu", gemm(h, "fc2", 120, 84), "relu4")
     op("Softmax", gemm(h, "fc3", 84, 10), "probabilities", axis=1)
-    graph = helper.make_graph(
-        nodes,
-        "digits_lenet",
-        [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["N", 1, 28, 28])],
-        [helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["N", 10])],
-        inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], producer_name="edgetrain")
-    onnx.checker.check_model(model, full_check=True)
-    return model
+    return _digit_model(nodes, "digits_lenet", inits)
 
 
 def recurrent_onnx(seed: int, op: str = "LSTM", hidden: int = 64):
@@ -185,8 +175,7 @@ def recurrent_onnx(seed: int, op: str = "LSTM", hidden: int = 64):
     -> Squeeze [N, H] -> Gemm "fc" to 10 classes -> Softmax, the same input and output as lenet_onnx. Weights
     uniform in +-1/sqrt(hidden) (PyTorch's recurrent default), the LSTM's forget gate biased open (+1), He-normal
     classifier, zero biases."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
     rng = np.random.default_rng(seed)
     gates = {"LSTM": 4, "GRU": 3}[op]
@@ -223,9 +212,17 @@ def recurrent_onnx(seed: int, op: str = "LSTM", hidden: int = 64):
         helper.make_node("Gemm", ["features", "fc.weight", "fc.bias"], ["fc"], name="fc", transB=1),
         helper.make_node("Softmax", ["fc"], ["probabilities"], axis=1),
     ]
+    return _digit_model(nodes, f"digits_{rnn}", inits)
+
+
+def _digit_model(nodes, name: str, inits):
+    """The base models' common frame: image [N, 1, 28, 28] in, probabilities [N, 10] out, opset 18, checked."""
+    import onnx
+    from onnx import TensorProto, helper
+
     graph = helper.make_graph(
         nodes,
-        f"digits_{rnn}",
+        name,
         [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["N", 1, 28, 28])],
         [helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["N", 10])],
         inits,
