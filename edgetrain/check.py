@@ -154,13 +154,13 @@ def check(model: Any, *, batch_size: int | None = 1) -> CheckReport:
     from .autodiff import rules  # noqa: F401  (registers the rule table)
     from .autodiff.context import GradContext, ShapedBuilder
     from .autodiff.driver import RULES, differentiate
+    from .convert import read_roles
     from .onnx_io import from_onnx, load_model
-    from .params import FIXED, find_roles, untie_merged
+    from .params import FIXED
     from .passes import fold_constants, make_static
 
     proto = load_model(model)
-    imported, untied = untie_merged(from_onnx(proto))
-    roles = find_roles(imported)
+    imported, roles, untied = read_roles(from_onnx(proto))
     params = roles.parameters
     base = fold_constants(imported, fold_shapes=False, keep=params)
     roles = roles.finalize(base)

@@ -149,18 +149,12 @@ def convert(
         imported = from_onnx(proto)
     # Roles are decided on the graph as imported, before anything is folded; folding then never goes through a
     # parameter (an embedding table gathered at constant positions stays a table that trains).
-    imported, untied = untie_merged(imported)
-    imported, states = batch_free_states(imported)
-    untied += states
-    roles = find_roles(imported)
-    imported, refolded = refold_copies(imported, roles)
-    if refolded:
-        roles = find_roles(imported)
+    imported, roles, untied = read_roles(imported)
     chosen = select_trainable(roles, trainable)
     base = fold_constants(imported, fold_shapes=False, keep=set(roles.parameters) | set(chosen))
     roles = roles.finalize(base)
     plan, notes = _rebatch(base, batch_size)
-    notes = untied + refolded + notes
+    notes = untied + notes
     static_source = base if plan is None else apply_batch_plan(base, plan, batch_size)
     inference = make_static(static_source, batch_size=batch_size, keep=chosen)
     inference.verify(static=True)
@@ -263,6 +257,19 @@ def _fused_program(
         "gradients": gradients,
         "state_roles": {name: list(role) for name, role in ctx.state_roles.items()},
     }
+
+
+def read_roles(imported: Graph) -> tuple[Graph, Roles, list[str]]:
+    """The graph as imported, with what exporters did to tensors undone (merged tensors of different kinds,
+    batch-fixed recurrent states, parameters folded into constants), and every initializer's role on it; the notes
+    that say what was undone. `convert` and `check` read a model the same way."""
+    imported, untied = untie_merged(imported)
+    imported, states = batch_free_states(imported)
+    roles = find_roles(imported)
+    imported, refolded = refold_copies(imported, roles)
+    if refolded:
+        roles = find_roles(imported)
+    return imported, roles, untied + states + refolded
 
 
 def _rebatch(base: Graph, batch_size: int | None) -> tuple[BatchPlan | None, list[str]]:
