@@ -350,22 +350,25 @@ def refold_copies(graph: Graph, roles: Roles) -> tuple[Graph, list[str]]:
     train everywhere but there. A float constant that is exactly a parameter broadcast to a larger shape (a
     parameter with at least two distinct values: random values do not repeat by chance) is read as an Expand of
     that parameter instead, and trains with it."""
-    params = {
-        p: graph.initializers[p]
-        for p in roles.parameters
-        if p in graph.initializers and np.asarray(graph.initializers[p]).dtype.kind == "f"
+
+    def varied(v: np.ndarray) -> bool:  # two distinct values at least (O(n): no sort of a large tensor)
+        return v.size >= 2 and bool(v.min() != v.max())
+
+    consts = {
+        name: c
+        for name in roles.constants
+        if (c := graph.initializers.get(name)) is not None
+        and c.dtype.kind == "f"
+        and c.ndim > 0
+        and name not in graph.outputs
+        and varied(c)
     }
-    params = {p: v for p, v in params.items() if v.size >= 2 and np.unique(v).size >= 2}
-    by_size: dict[int, list[str]] = {}
-    for p, v in params.items():
-        by_size.setdefault(int(np.unique(v).size), []).append(p)
+    params = {
+        p: v for p in roles.parameters if (v := graph.initializers.get(p)) is not None and v.dtype.kind == "f"
+    }
     swaps: dict[str, tuple[str, tuple[int, ...]]] = {}
-    for name in roles.constants:
-        c = graph.initializers.get(name)
-        if c is None or c.dtype.kind != "f" or c.ndim == 0 or name in graph.outputs:
-            continue
-        for p in by_size.get(int(np.unique(c).size), ()):
-            v = params[p]
+    for name, c in consts.items():
+        for p, v in params.items():
             if c.size <= v.size or c.dtype != v.dtype:
                 continue
             try:
@@ -373,7 +376,7 @@ def refold_copies(graph: Graph, roles: Roles) -> tuple[Graph, list[str]]:
                     continue
             except ValueError:
                 continue
-            if np.array_equal(c, np.broadcast_to(v, c.shape)):
+            if varied(v) and np.array_equal(c, np.broadcast_to(v, c.shape)):
                 swaps[name] = (p, tuple(int(d) for d in c.shape))
                 break
     if not swaps:
