@@ -12,14 +12,19 @@ from importlib import import_module
 
 from .errors import (
     ArtifactError,
+    ArtifactLimitError,
     ConfigError,
     EdgeTrainError,
     ExecutionError,
     FeedError,
+    LimitError,
+    MissingFileError,
     ModelError,
+    ModelLimitError,
     NonFiniteError,
     RebatchError,
     ShapeError,
+    StorageError,
     UnsupportedError,
 )
 
@@ -30,9 +35,12 @@ __all__ = [
     "Adam",
     "AdamW",
     "ArtifactError",
+    "ArtifactLimitError",
     "BCEWithLogitsLoss",
     "ConfigError",
     "CrossEntropyLoss",
+    "DataError",
+    "DataLimitError",
     "EdgeTrainError",
     "ExecutionError",
     "FeedError",
@@ -42,12 +50,16 @@ __all__ = [
     "IOptimizer",
     "InferenceSession",
     "L1Loss",
+    "LimitError",
     "MSELoss",
+    "MissingFileError",
     "ModelError",
+    "ModelLimitError",
     "Node",
     "NonFiniteError",
     "RebatchError",
     "ShapeError",
+    "StorageError",
     "TensorInfo",
     "TrainingArtifact",
     "TrainingSession",
@@ -91,6 +103,10 @@ _LAZY = {
 
 
 def __getattr__(name: str):
+    if name in ("DataError", "DataLimitError"):  # the loaders' errors, in this hierarchy (loaders/errors.py)
+        value = getattr(import_module("loaders.errors"), name)
+        globals()[name] = value
+        return value
     module = _LAZY.get(name)
     if module is not None:
         value = getattr(import_module(f"{__name__}.{module}"), name)
