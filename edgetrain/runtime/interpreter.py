@@ -309,13 +309,17 @@ def check_feeds(graph: Graph, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]
         )
     out = {}
     for name in graph.inputs:
-        x = np.asarray(feeds[name])
+        try:
+            x = np.asarray(feeds[name])
+        except (TypeError, ValueError) as e:  # ragged lists, objects numpy cannot make an array of
+            raise FeedError(f"input '{name}' is not an array: {e}") from None
         info = graph.values[name]
         if x.dtype != info.dtype:
-            raise FeedError(
-                f"input '{name}' must be {np.dtype(info.dtype).name}, got {x.dtype.name}; "
-                f"convert it with .astype(np.{np.dtype(info.dtype).name})"
-            )
+            want = np.dtype(info.dtype)
+            # np.object is gone from numpy 2 (and np.str_ arrays are not strings to ONNX): a text input is an
+            # object array of str
+            fix = "np.array(texts, dtype=object)" if want.kind == "O" else f".astype(np.{want.name})"
+            raise FeedError(f"input '{name}' must be {want.name}, got {x.dtype.name}; convert it with {fix}")
         if info.shape is not None:
             ok = len(x.shape) == len(info.shape) and all(
                 not isinstance(d, int) or d == s for d, s in zip(info.shape, x.shape)
