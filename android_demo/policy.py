@@ -16,6 +16,8 @@ import os
 import shutil
 import subprocess
 
+from edgetrain.errors import ConfigError
+
 POLICIES = ("always", "charging", "charging-idle")
 
 
@@ -58,9 +60,9 @@ def idle() -> tuple[bool, str]:
 
 
 def may_train(policy: str) -> tuple[bool, str]:
-    """(allowed, why) for a policy name; ValueError for an unknown one."""
+    """(allowed, why) for a policy name; ConfigError (a ValueError) for an unknown one."""
     if policy not in POLICIES:
-        raise ValueError(f"unknown training policy {policy!r}; use one of: {', '.join(POLICIES)}")
+        raise ConfigError(f"unknown training policy {policy!r}; use one of: {', '.join(POLICIES)}")
     if policy == "always":
         return True, "always allowed"
     b = battery()

@@ -7,6 +7,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from .errors import ConfigError
+
 
 class ILRSchedule:
     """lr_at(step, base_lr): the learning rate of optimizer step `step` (0-based), in closed form."""
@@ -30,7 +32,7 @@ class StepLR(ILRSchedule):
 
     def __init__(self, step_size: int, gamma: float = 0.1):
         if int(step_size) != step_size or step_size < 1:
-            raise ValueError(f"StepLR step_size must be a positive integer, got {step_size!r}")
+            raise ConfigError(f"StepLR step_size must be a positive integer, got {step_size!r}")
         self.step_size, self.gamma = int(step_size), float(gamma)
 
     def lr_at(self, step: int, base_lr: float) -> float:
@@ -46,7 +48,7 @@ class CosineLR(ILRSchedule):
 
     def __init__(self, total_steps: int, min_lr: float = 0.0):
         if int(total_steps) != total_steps or total_steps < 1:
-            raise ValueError(f"CosineLR total_steps must be a positive integer, got {total_steps!r}")
+            raise ConfigError(f"CosineLR total_steps must be a positive integer, got {total_steps!r}")
         self.total_steps, self.min_lr = int(total_steps), float(min_lr)
 
     def lr_at(self, step: int, base_lr: float) -> float:
@@ -65,7 +67,7 @@ class WarmupLR(ILRSchedule):
 
     def __init__(self, schedule: ILRSchedule | None, warmup_steps: int):
         if int(warmup_steps) != warmup_steps or warmup_steps < 0:
-            raise ValueError(f"WarmupLR warmup_steps must be an integer >= 0, got {warmup_steps!r}")
+            raise ConfigError(f"WarmupLR warmup_steps must be an integer >= 0, got {warmup_steps!r}")
         self.schedule = schedule if schedule is not None else ConstantLR()
         self.warmup_steps = int(warmup_steps)
 
@@ -87,7 +89,7 @@ def schedule_from_config(cfg: Mapping[str, Any]) -> ILRSchedule:
     cfg = dict(cfg)
     kind = cfg.pop("type", None)
     if kind not in _SCHEDULES:
-        raise ValueError(f"unknown schedule type {kind!r}; known: {', '.join(_SCHEDULES)}")
+        raise ConfigError(f"unknown schedule type {kind!r}; known: {', '.join(_SCHEDULES)}")
     if kind == "WarmupLR":
         cfg["schedule"] = schedule_from_config(cfg["schedule"])
     return _SCHEDULES[kind](**cfg)

@@ -18,7 +18,7 @@ import numpy as np
 
 from loaders import DataLoader
 
-from .errors import ConfigError, NonFiniteError
+from .errors import ArtifactError, ConfigError, MissingFileError, NonFiniteError, StorageError
 from .runtime import TrainingSession
 from .schedules import ConstantLR, CosineLR, ILRSchedule, StepLR, WarmupLR, schedule_from_config
 
@@ -138,12 +138,12 @@ class Trainer:
         feature_cache_bytes: int | None = None,
     ):
         if int(epochs) != epochs or epochs < 1:
-            raise ValueError(f"epochs must be a positive integer, got {epochs!r}")
+            raise ConfigError(f"epochs must be a positive integer, got {epochs!r}")
         if checkpoint_every is not None:
             if int(checkpoint_every) != checkpoint_every or checkpoint_every < 1:
-                raise ValueError(f"checkpoint_every must be a positive integer, got {checkpoint_every!r}")
+                raise ConfigError(f"checkpoint_every must be a positive integer, got {checkpoint_every!r}")
             if checkpoint is None:
-                raise ValueError("checkpoint_every needs a checkpoint path")
+                raise ConfigError("checkpoint_every needs a checkpoint path")
         self.session, self.train_loader, self.val_loader = session, train_loader, val_loader
         self.epochs = int(epochs)
         self.schedule = schedule if schedule is not None else ConstantLR()
@@ -168,7 +168,9 @@ class Trainer:
         # the last one (run.etck -> run.best.etck), or in memory when there is no checkpoint path.
         self.keep_best = self.early_stopping is not None if keep_best is None else bool(keep_best)
         if self.keep_best and self.val_loader is None:
-            raise ValueError("keep_best needs a val_loader: the best weights are the best on validation data")
+            raise ConfigError(
+                "keep_best needs a val_loader: the best weights are the best on validation data"
+            )
         self.best_checkpoint = None
         if self.keep_best and self.checkpoint is not None:
             root, ext = os.path.splitext(self.checkpoint)
@@ -182,22 +184,22 @@ class Trainer:
             return None
         unknown = set(cfg) - {"metric", "patience", "min_delta"}
         if unknown:
-            raise ValueError(
+            raise ConfigError(
                 f"early_stopping has unknown keys {sorted(unknown)}; use metric, patience, min_delta"
             )
         metric = cfg.get("metric", "val_loss")
         if metric not in _METRICS:
-            raise ValueError(f"early_stopping metric must be one of {list(_METRICS)}, got {metric!r}")
+            raise ConfigError(f"early_stopping metric must be one of {list(_METRICS)}, got {metric!r}")
         if self.val_loader is None:
-            raise ValueError(f"early stopping on {metric} needs a val_loader")
+            raise ConfigError(f"early stopping on {metric} needs a val_loader")
         if metric == "val_accuracy" and not self.classification:
-            raise ValueError("early stopping on val_accuracy needs classification=True")
+            raise ConfigError("early stopping on val_accuracy needs classification=True")
         patience = cfg.get("patience", 3)
         if int(patience) != patience or patience < 1:
-            raise ValueError(f"early_stopping patience must be a positive integer, got {patience!r}")
+            raise ConfigError(f"early_stopping patience must be a positive integer, got {patience!r}")
         min_delta = float(cfg.get("min_delta", 0.0))
         if not math.isfinite(min_delta) or min_delta < 0:
-            raise ValueError(f"early_stopping min_delta must be a finite number >= 0, got {min_delta}")
+            raise ConfigError(f"early_stopping min_delta must be a finite number >= 0, got {min_delta}")
         return {"metric": metric, "patience": int(patience), "min_delta": min_delta}
 
     def _check_loader(self, loader: DataLoader, name: str, *, train: bool) -> None:
@@ -205,13 +207,13 @@ class Trainer:
         if b is None:
             return
         if loader.batch_size != b:
-            raise ValueError(
+            raise ConfigError(
                 f"{name} gives batches of {loader.batch_size}, but the artifact was built for batch {b}: "
                 f"make the loader with batch_size={b}"
             )
         n = loader.view.size()
         if train and not loader.drop_last and n % b:
-            raise ValueError(
+            raise ConfigError(
                 f"{name} has {n} samples, not a multiple of the artifact's batch {b}, so its last "
                 f"batch would be short: make the loader with drop_last=True"
             )
@@ -286,38 +288,51 @@ class Trainer:
     def save_checkpoint(self) -> None:
         """Writes the session and the trainer's position to the checkpoint path (atomically)."""
         if self.checkpoint is None:
-            raise ValueError("this trainer has no checkpoint path")
+            raise ConfigError("this trainer has no checkpoint path")
         self.session.save_checkpoint(self.checkpoint, user_state=self._user_state())
 
     def resume(self) -> None:
         """Loads the checkpoint: session parameters and optimizer state, loader positions and counters."""
         if self.checkpoint is None:
-            raise ValueError("resume needs a checkpoint path")
+            raise ConfigError("resume needs a checkpoint path")
         if not os.path.exists(self.checkpoint):
-            raise FileNotFoundError(f"no checkpoint to resume from at '{self.checkpoint}'")
+            raise MissingFileError(
+                f"no checkpoint to resume from at '{self.checkpoint}'", path=self.checkpoint, errno=2
+            )
         state = self.session.load_checkpoint(self.checkpoint)
-        if state.get("trainer") != 1:
-            raise ValueError(
+        where = f"checkpoint '{self.checkpoint}'"
+        if not isinstance(state, dict) or state.get("trainer") != 1:
+            raise ConfigError(
                 f"checkpoint '{self.checkpoint}' was not written by a Trainer (its user_state has no trainer "
                 "position); load it with TrainingSession.load_checkpoint instead"
             )
-        self._check_settings(state.get("settings"))
+        settings = state.get("settings")
+        if settings is not None and not isinstance(settings, dict):
+            raise ArtifactError(
+                f"{where}: its trainer settings are {type(settings).__name__}, not a JSON object"
+            )
+        self._check_settings(settings)
         try:
             self.train_loader.restore(state["loader"])
             if self.val_loader is not None and state.get("val_loader") is not None:
                 self.val_loader.restore(state["val_loader"])
+        except KeyError:
+            raise ArtifactError(f"{where}: its trainer position has no 'loader' entry") from None
         except ValueError as e:
-            raise ValueError(
+            raise ConfigError(
                 f"checkpoint '{self.checkpoint}' continues a run over other data ({e}); resume with the "
                 f"data, validation split and batch size of the run that wrote it"
             ) from e
-        self.epoch, self.step = int(state["epoch"]), int(state["step"])
-        self.best = None if state["best"] is None else float(state["best"])
-        self.best_epoch = state.get("best_epoch")
-        self.bad_epochs = int(state["bad_epochs"])
-        self.history = list(state["history"])
-        self._loss_sum, self._loss_n = float(state["loss_sum"]), int(state["loss_n"])
-        self.base_lr = float(state["base_lr"])
+        self.epoch, self.step = _field(state, "epoch", int, where), _field(state, "step", int, where)
+        self.best = _field(state, "best", float, where, none=True)
+        self.best_epoch = _field(state, "best_epoch", int, where, none=True, default=None)
+        self.bad_epochs = _field(state, "bad_epochs", int, where)
+        self.history = _field(state, "history", list, where)
+        self._loss_sum, self._loss_n = (
+            _field(state, "loss_sum", float, where),
+            _field(state, "loss_n", int, where),
+        )
+        self.base_lr = _field(state, "base_lr", float, where)
         self._epoch_seconds = 0.0
 
     def _check_settings(self, recorded: Mapping[str, Any] | None) -> None:
@@ -375,12 +390,17 @@ class Trainer:
         if self.progress is not None:
             self.progress(info)
 
-    def _write_history(self, record: dict[str, Any]) -> None:
+    def _write_history(self, record: dict[str, Any] | None = None, *, mode: str = "a") -> None:
+        """Appends one record to the history file (mode "w": rewrites it with self.history, or empties it)."""
         if self.history_path is None:
             return
-        with open(self.history_path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record, allow_nan=True) + "\n")
-            f.flush()
+        lines = [record] if record is not None else self.history if mode == "w" else []
+        try:
+            with open(self.history_path, mode, encoding="utf-8") as f:
+                f.writelines(json.dumps(r, allow_nan=True) + "\n" for r in lines)
+                f.flush()
+        except OSError as e:  # a full disk, a missing or read-only folder: say which file
+            raise StorageError.of(e, self.history_path, "cannot write the training history") from e
 
     def _result(self, stopped_early: bool, reason: str) -> TrainResult:
         return TrainResult(
@@ -400,11 +420,9 @@ class Trainer:
         """Trains until `epochs` epochs are done, early stopping triggers or a loss is not finite."""
         if resume:
             self.resume()
-            if self.history_path is not None:  # records written after the checkpoint are redone: drop them
-                with open(self.history_path, "w", encoding="utf-8") as f:
-                    f.writelines(json.dumps(r, allow_nan=True) + "\n" for r in self.history)
-        elif self.history_path is not None and self.step == 0 and self.epoch == 0:
-            open(self.history_path, "w", encoding="utf-8").close()  # a fresh run starts a fresh history
+            self._write_history(mode="w")  # records written after the checkpoint are redone: drop them
+        elif self.step == 0 and self.epoch == 0:
+            self._write_history(mode="w")  # a fresh run starts a fresh history
         session, loader = self.session, self.train_loader
         batches = len(loader)
         self._emit({"event": "feature_cache", **session.feature_cache_info()})
@@ -539,3 +557,34 @@ class Trainer:
         self._write_history(record)
         self._loss_sum, self._loss_n, self._epoch_seconds = 0.0, 0, 0.0
         return record
+
+
+_MISSING = object()
+
+
+def _field(
+    state: Mapping[str, Any], key: str, kind: type, where: str, *, none: bool = False, default=_MISSING
+):
+    """state[key] as kind (int, float or list), or an ArtifactError naming the checkpoint and the field: a
+    checkpoint is outside input, and its trainer position must be what a Trainer wrote."""
+    if key not in state:
+        if default is not _MISSING:
+            return default
+        raise ArtifactError(
+            f"{where}: its trainer position has no '{key}' field; it was not written by a Trainer"
+        )
+    v = state[key]
+    if v is None and none:
+        return None
+    ok = (
+        isinstance(v, list)
+        if kind is list
+        else isinstance(v, (int, float))
+        and not isinstance(v, bool)
+        and math.isfinite(v)
+        and (kind is float or float(v).is_integer() and v >= 0)
+    )
+    if not ok:
+        want = {int: "an integer >= 0", float: "a finite number", list: "a list"}[kind]
+        raise ArtifactError(f"{where}: its trainer field '{key}' is {v!r:.60}, not {want}")
+    return kind(v)

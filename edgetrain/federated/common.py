@@ -30,6 +30,8 @@ import numpy as np
 
 from loaders import IDataView
 
+from ..errors import ConfigError
+
 RUN_DEFAULTS = {
     "artifact": "",
     "rounds": 3,
@@ -82,12 +84,12 @@ def partition(view: IDataView, clients: int, scheme: str = "iid", *, seed: int =
     spread over the other clients)."""
     n = view.size()
     if clients < 1 or clients > n:
-        raise ValueError(f"cannot split {n} samples among {clients} clients")
+        raise ConfigError(f"cannot split {n} samples among {clients} clients")
     rng = np.random.default_rng(seed)
     if scheme == "iid":
         return [np.sort(p) for p in np.array_split(rng.permutation(n), clients)]
     if scheme != "label-skew":
-        raise ValueError(f"unknown partition {scheme!r}; use iid or label-skew")
+        raise ConfigError(f"unknown partition {scheme!r}; use iid or label-skew")
     labels = np.asarray(view.labels()).reshape(n, -1)[:, 0].astype(np.int64)
     parts: list[list[int]] = [[] for _ in range(clients)]
     for c in np.unique(labels):

@@ -22,6 +22,7 @@ from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, 
 from flwr.serverapp.strategy.strategy import Strategy
 
 from ..container import atomic_write
+from ..errors import ConfigError
 from ..runtime import TrainingSession
 from .common import CHECK_KEY, RUN_DEFAULTS, from_records, patterns, personal_names, readers_of, to_records
 
@@ -110,7 +111,7 @@ def run(grid: Grid, cfg: dict[str, Any]) -> dict[str, Any]:
     personal = personal_names(sess.parameter_names, patterns(cfg["personal"]), readers_of(sess))
     shared = {n: params[n] for n in sess.parameter_names if n not in personal}
     if not shared:
-        raise ValueError(
+        raise ConfigError(
             f"every parameter matches the personal patterns {cfg['personal']!r}: nothing to share"
         )
     clients = int(cfg["min-clients"])
