@@ -25,14 +25,15 @@ def step_memory(header: dict[str, Any], tensors: Mapping[str, np.ndarray]) -> di
       (edgetrain.runtime.fused) the program is the step without its update nodes, planned on its own;
     - parameters and state: the session's own copies of the trainable parameters and the optimizer state;
     - constants: the step program's initializers (frozen weights, folded constants), read from the file's map;
-    - optimizer buffers: the fused optimizer double-buffers (a second set of parameters and state, which the
-      update writes and a refused step discards), and holds the gradients and two scratch buffers, all flat;
-      without it, the step's new parameters and state are outputs of the program, outside the arena;
+    - optimizer buffers: the fused optimizer updates the parameters and state in place (they are its flat
+      buffers) and holds the gradients, flat, and two chunk-sized scratch buffers per dtype (a step its bound
+      cannot vouch for keeps a copy of the parameters and state for that step only: not planned); without it,
+      the step's new parameters and state are outputs of the program, outside the arena;
     - outputs: the step's other outputs outside the arena (the loss, the model's outputs).
 
     Not counted: the interpreter's Python objects, temporaries inside kernels, the caller's batch, and the file's
     pages the map brings in beyond the constants (the initial values, read once when the session copies them)."""
-    from .runtime.fused import fusable
+    from .runtime.fused import CHUNK, fusable
 
     io = header["io"]
     zeros = header.get("zeros", {})
@@ -56,9 +57,11 @@ def step_memory(header: dict[str, Any], tensors: Mapping[str, np.ndarray]) -> di
     bound: set[str] = set()  # outputs written into the session's buffers, not allocated by the step
     if fused:
         bound = {fused["gradients"][p] for p in params}
-        # the second set of parameters and of every kind of state but the step counter, gradients, 2 scratch
-        step_state = {n for n, (kind, _) in fused["state_roles"].items() if kind == "step"}
-        buffers = 4 * p_bytes + sum(nbytes(s) for s in state if s not in step_state)
+        # the gradients, and two scratch chunks for each dtype's group
+        sizes: dict[np.dtype, int] = {}
+        for p, dt in zip(params, dtypes):
+            sizes[np.dtype(dt)] = sizes.get(np.dtype(dt), 0) + int(tensors[p].size)
+        buffers = p_bytes + sum(2 * min(n, CHUNK) * dt.itemsize for dt, n in sizes.items())
     else:
         buffers = sum(_value_bytes(program, n) for n in io["updates"].values())
         bound = set(io["updates"].values())
@@ -176,7 +179,7 @@ def _describe_artifact(path: Any, header: dict, tensors: dict, size: int) -> str
         ]
     mem = step_memory(header, tensors)
     which = "fused step program" if mem["fused"] else "step program"
-    update = "next values, gradients, scratch" if mem["fused"] else "new values"
+    update = "gradients, scratch" if mem["fused"] else "new values"
     rows = [
         ("arena_bytes", f"arena ({which})"),
         ("parameters_bytes", "parameters"),

@@ -194,3 +194,74 @@ def test_the_optimized_session_is_the_plain_interpreter_on_torchvision(tmp_path_
         for _ in range(2)
     ]
     _optimized_vs_plain(path, batches)
+
+
+CONFIGS = {
+    "sgd": {"type": "SGD"},
+    "sgd_momentum_wd": {"type": "SGD", "momentum": 0.9, "weight_decay": 5e-4},
+    "sgd_nesterov_damp": {
+        "type": "SGD",
+        "momentum": 0.9,
+        "nesterov": True,
+        "dampening": 0.3,
+        "weight_decay": 1e-2,
+    },
+    "adam": {"type": "Adam", "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 1e-4},
+    "adamw": {"type": "AdamW", "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 1e-2},
+}
+
+
+@pytest.mark.parametrize("kind", list(CONFIGS))
+def test_the_in_place_update_keeps_a_copy_only_when_its_bound_cannot_vouch_for_the_step(kind):
+    # The fused update runs in place; a refused step must still change nothing. The bound that lets it skip the
+    # copy must be sound: over values from 1 to 1e25 (the usable limit of float32 is ~1.8e19) and learning rates
+    # from 1e-3 to 1e12, whenever no copy was kept the new values are usable, and a refused step put back the
+    # parameters and state bit for bit. Random values in (-s, s) over 3 tensors of 40,000 values (2 chunks).
+    from edgetrain.runtime import fused
+    from edgetrain.runtime.fused import FusedOptimizer
+    from edgetrain.runtime.training import _usable
+
+    config = CONFIGS[kind]
+    kinds = ["momentum"] if config.get("momentum") else ["exp_avg", "exp_avg_sq"] if "betas" in config else []
+    shapes = {"a": (200, 200), "b": (7,), "c": (3, 5)}
+    params = {n: (s, np.float32) for n, s in shapes.items()}
+    roles = {f"{k}.{n}": (k, n) for k in kinds for n in shapes}
+    if "betas" in config:
+        roles["step"] = ("step", "")
+    rng = np.random.default_rng(7)
+    kept = refused = 0
+    for trial in range(60):
+        scale = 10.0 ** rng.uniform(0, 25, 3)  # parameters, state, gradients
+        lr = float(10.0 ** rng.uniform(-3, 12))
+        initial = {
+            n: (rng.uniform(-1, 1, s) * min(scale[0], 1.8e19)).astype(np.float32) for n, s in shapes.items()
+        }
+        for r, (k, n) in roles.items():
+            if k != "step":
+                v = rng.uniform(0 if k == "exp_avg_sq" else -1, 1, shapes[n]) * min(scale[1], 1.8e19)
+                initial[r] = v.astype(np.float32)
+        opt = FusedOptimizer(config, params, roles, initial)
+        assert sum(g.size for g in opt.groups) > fused.CHUNK  # more than one chunk
+        before = {n: v.copy() for n, v in opt.values().items()}
+        with np.errstate(all="ignore"):
+            for n, gview in opt.gradients().items():
+                np.copyto(gview, (rng.uniform(-1, 1, shapes[n]) * scale[2]).astype(np.float32))
+            backups = opt.backups
+            bad = opt.update(lr)
+        if opt.backups == backups:  # the bound vouched for the step: it must be right
+            assert bad == [] and all(_usable(v) for v in opt.values().values()), (trial, scale, lr)
+        else:
+            kept += 1
+        if bad:
+            refused += 1
+            for n, v in opt.values().items():
+                np.testing.assert_array_equal(v, before[n], err_msg=f"{n} after a refused step")
+    assert kept and refused  # the trials reached both sides of the bound
+
+
+def test_ordinary_steps_keep_no_copy(tmp_path):
+    fast, _ = sessions(tmp_path, "mlp", et.SGD(lr=0.05, momentum=0.9, weight_decay=5e-4))
+    x, y = batch_for("mlp", BATCH)
+    for _ in range(5):
+        fast.train_step(x, y)
+    assert fast._fused.backups == 0

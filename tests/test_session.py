@@ -260,17 +260,13 @@ def test_inspect_reports_the_planned_peak_of_a_step_part_by_part(tmp_path, model
     params = sum(art.initial[p].nbytes for p in art.io["parameters"])
     state = sum(art.initial[s].nbytes for s in art.io["state"])
     step_counter = sum(art.initial[n].nbytes for n in art.io["state"] if n == fused.step_name)
-    flat = sum(
-        a.nbytes
-        for g in fused.groups
-        for a in [*g.params, *(b for bufs in g.state.values() for b in bufs), g.grad, g.s1, g.s2]
-    )
+    flat = sum(a.nbytes for g in fused.groups for a in [g.params, *g.state.values(), g.grad, g.s1, g.s2])
     program = art.fused["program"]
     outputs = [o for o in program.outputs if o not in set(art.fused["gradients"].values())]
     assert mem["arena_bytes"] == art.fused["plan"].arena_size == sess._step_program.arena.nbytes
     assert mem["parameters_bytes"] == params and mem["state_bytes"] == state
     assert mem["constants_bytes"] == sum(v.nbytes for v in program.initializers.values())
-    # the flat buffers: parameters and state double-buffered, gradients, two scratch
+    # the flat buffers: parameters and state (updated in place), gradients, two scratch chunks
     assert params + state - step_counter + mem["optimizer_buffers_bytes"] == flat
     assert mem["outputs_bytes"] == sum(
         int(np.prod(program.values[o].shape)) * program.values[o].dtype.itemsize for o in outputs

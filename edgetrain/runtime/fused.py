@@ -5,8 +5,15 @@ optional global gradient-norm clipping.
 Parameters of one dtype live in one contiguous array, each a view into it; so do their gradients (the step program
 writes them there directly) and each kind of state. The update is the same arithmetic, in the same order and
 dtypes, as the update nodes edgetrain.optimizers builds into the step graph, so the result is that graph's, bit for
-bit, whatever the number of tensors. Next values go to a second set of buffers; only when every one is usable do
-the two sets swap: a refused step leaves the parameters and state as they were, without a copy.
+bit, whatever the number of tensors. It runs in place, a cache-sized chunk at a time (the scratch is two chunks,
+not two more copies of the parameters).
+
+A refused step must leave the parameters and state as they were. Before updating, a bound from the norms of the
+parameters, state and gradients (one BLAS dot product each) shows that every new value will be usable (finite,
+and no larger than sqrt(the dtype's largest value), as TrainingSession requires); only when it cannot show it
+(a NaN or infinite gradient, values near the overflow range, eps 0) is a copy of the parameters and state kept
+for the step, checked after it, and put back if the step is refused. Memory: parameters, state and gradients once
+each, plus two chunks.
 """
 
 from __future__ import annotations
@@ -29,9 +36,15 @@ def fusable(config: Mapping[str, Any], dtypes: Sequence[np.dtype]) -> bool:
     return not (config.get("clip_grad_norm") is not None and len(set(dtypes)) > 1)
 
 
+CHUNK = (
+    1 << 15
+)  # elements per chunk of the update (128 KiB of float32 per stream: the working set stays in L2)
+MARGIN = 0.25  # the bound must stay under this fraction of the usable limit (covers rounding in the norms)
+
+
 class _Group:
-    """The parameters of one dtype: their flat buffers (two sets of parameters and state, one of gradients, two
-    scratch) and each tensor's view into each."""
+    """The parameters of one dtype: their flat buffers (parameters, each kind of state and gradients once, two
+    chunk-sized scratch buffers) and each tensor's view into each."""
 
     def __init__(
         self, dtype: np.dtype, names: list[str], shapes: dict[str, tuple[int, ...]], kinds: list[str]
@@ -45,13 +58,20 @@ class _Group:
             off += size
         self.size = off
         self.kinds = kinds  # state kinds: "momentum", or "exp_avg" and "exp_avg_sq"
-        self.params = [np.zeros(off, dtype), np.zeros(off, dtype)]
-        self.state = {k: [np.zeros(off, dtype), np.zeros(off, dtype)] for k in kinds}
+        self.params = np.zeros(off, dtype)
+        self.state = {k: np.zeros(off, dtype) for k in kinds}
         self.grad = np.zeros(off, dtype)
-        self.s1, self.s2 = np.zeros(off, dtype), np.zeros(off, dtype)
+        self.s1, self.s2 = np.zeros(min(off, CHUNK), dtype), np.zeros(min(off, CHUNK), dtype)
+        self.chunks = [(a, min(a + CHUNK, off)) for a in range(0, off, CHUNK)]
+        self.limit = float(np.sqrt(np.finfo(dtype).max)) if np.dtype(dtype).kind == "f" else math.inf
 
     def views(self, flat: np.ndarray) -> dict[str, np.ndarray]:
         return {n: flat[a:b].reshape(shape) for n, (a, b, shape) in self.slices.items()}
+
+    def norm(self, flat: np.ndarray) -> float:
+        """An upper bound of max |x| (the 2-norm), inf when it overflows or any value is not finite."""
+        sq = float(np.dot(flat, flat)) if flat.size else 0.0
+        return math.sqrt(sq) if math.isfinite(sq) else math.inf
 
 
 class FusedOptimizer:
@@ -78,16 +98,16 @@ class FusedOptimizer:
         self.state_name = {(k, w): n for n, (k, w) in state_roles.items()}  # (kind, weight) -> state name
         self.step_name = next((n for n, (k, _) in state_roles.items() if k == "step"), None)
         self.step_value = np.zeros((), np.float32)
-        self.cur = 0
-        self._views = [self._collect(0), self._collect(1)]
+        self._views = self._collect()
+        self.backups = 0  # steps that needed a copy kept (the bound could not show the step usable)
         self.load(initial)
 
-    def _collect(self, k: int) -> dict[str, np.ndarray]:
+    def _collect(self) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
         for g in self.groups:
-            out.update(g.views(g.params[k]))
-            for kind, bufs in g.state.items():
-                for w, v in g.views(bufs[k]).items():
+            out.update(g.views(g.params))
+            for kind, buf in g.state.items():
+                for w, v in g.views(buf).items():
                     name = self.state_name.get((kind, w))
                     if name is not None:
                         out[name] = v
@@ -95,9 +115,9 @@ class FusedOptimizer:
 
     # ---- what the session sees -----------------------------------------------------------------------------
     def values(self) -> dict[str, np.ndarray]:
-        """Every parameter and state tensor by name: views into the current buffers (the step counter as a 0-d
-        array). Write into them (np.copyto), never rebind them."""
-        out = dict(self._views[self.cur])
+        """Every parameter and state tensor by name: views into the buffers (the step counter as a 0-d array).
+        Write into them (np.copyto), never rebind them."""
+        out = dict(self._views)
         if self.step_name is not None:
             out[self.step_name] = self.step_value
         return out
@@ -110,7 +130,7 @@ class FusedOptimizer:
         return out
 
     def load(self, values: Mapping[str, np.ndarray]) -> None:
-        """Copies the given parameters and state into the current buffers."""
+        """Copies the given parameters and state into the buffers."""
         current = self.values()
         for name, v in values.items():
             if name == self.step_name:
@@ -120,44 +140,85 @@ class FusedOptimizer:
 
     # ---- the update ----------------------------------------------------------------------------------------
     def update(self, lr: float) -> list[str]:
-        """Computes the next parameters and state from the gradients into the other buffers; when all are usable,
-        makes them current and returns []; else returns the names that are not, and changes nothing."""
-        nxt = 1 - self.cur
+        """Updates the parameters and state in place from the gradients; returns [] when every new value is
+        usable, else the names that are not, with the parameters and state put back as they were."""
         if self.config.get("clip_grad_norm") is not None:
             self._clip()
+        safe = all(self._bounded(g, lr) for g in self.groups)
+        kept = None
+        if not safe:  # the bound cannot vouch for the step: keep what a refusal puts back
+            self.backups += 1
+            kept = [(g.params.copy(), {k: b.copy() for k, b in g.state.items()}) for g in self.groups]
         step_next = None
         for g in self.groups:
             if self.kind == "SGD":
-                self._sgd(g, lr, nxt)
+                for a, b in g.chunks:
+                    self._sgd(g, lr, a, b)
             else:
-                step_next = self._adam(g, lr, nxt)
-        bad = [n for g in self.groups for n in self._unusable(g, nxt)]
-        if bad:
-            return bad
-        self.cur = nxt
+                step_next, consts = self._adam_consts(g, lr)
+                for a, b in g.chunks:
+                    self._adam(g, consts, a, b)
+        if kept is not None:
+            bad = [n for g in self.groups for n in self._unusable(g)]
+            if bad:
+                for g, (params, state) in zip(self.groups, kept):
+                    np.copyto(g.params, params)
+                    for k, b in state.items():
+                        np.copyto(g.state[k], b)
+                return bad
         if self.step_name is not None:
             self.step_value = step_next if step_next is not None else self.step_value + np.float32(1)
         return []
 
-    def _unusable(self, g: _Group, k: int) -> list[str]:
+    def _bounded(self, g: _Group, lr: float) -> bool:
+        """Whether every value this step makes is surely usable: bounds of max |x| from the 2-norms, carried
+        through the update's arithmetic (as in _sgd and _adam), under MARGIN of the usable limit."""
+        c = self.config
+        cap = MARGIN * g.limit
+        lr = abs(float(lr))
+        w, grad = g.norm(g.params), g.norm(g.grad)
+        wd = abs(float(c.get("weight_decay") or 0.0))
+        if self.kind == "SGD":
+            d = grad + wd * w
+            if c.get("momentum"):
+                m = abs(float(c["momentum"]))
+                damp = max(1.0, abs(1.0 - float(c.get("dampening") or 0.0)))  # v' = d on a first step
+                v = m * g.norm(g.state["momentum"]) + damp * d
+                d = d + m * v if c.get("nesterov") else v
+                if not v < cap:
+                    return False
+            return w + lr * d < cap
+        b1, b2 = (float(b) for b in c["betas"])
+        eps = float(c["eps"])
+        d = grad + (0.0 if self.kind == "AdamW" else wd * w)
+        m = b1 * g.norm(g.state["exp_avg"]) + (1 - b1) * d
+        v = b2 * g.norm(g.state["exp_avg_sq"]) + (1 - b2) * d * d
+        t = float(self.step_value) + 1
+        bc1 = 1 - b1**t
+        if not (m < cap and v < cap and eps > 0 and bc1 > 0):
+            return False
+        step = lr / bc1 * m / eps  # m' / (sqrt(v' / bc2) + eps) <= m' / eps
+        return w * (1 + lr * wd) + step < cap
+
+    def _unusable(self, g: _Group) -> list[str]:
         # One BLAS dot product per buffer: x.x is not finite when any value is NaN or infinite, or when a value is
         # so large (|x| > sqrt(max)) that products of such values overflow: the same bound the session's checks
         # use, found in a fraction of their time. Only then are the tensors looked at one by one, to name them.
         from .training import _usable
 
         bad = []
-        if not np.isfinite(np.dot(g.params[k], g.params[k])):
-            views = g.views(g.params[k])
+        if not np.isfinite(np.dot(g.params, g.params)):
+            views = g.views(g.params)
             bad += [n for n, v in views.items() if not _usable(v)]
-        for kind, bufs in g.state.items():
+        for kind, buf in g.state.items():
             # SGD's new parameters are w - lr * (an expression of the new momentum): a momentum that is not
             # finite makes them not finite (lr 0 too: 0 * inf is NaN), so checking them has checked it
             if self.kind == "SGD" and not bad:
                 continue
-            if not np.isfinite(np.dot(bufs[k], bufs[k])):
-                views = g.views(bufs[k])
+            if not np.isfinite(np.dot(buf, buf)):
+                views = g.views(buf)
                 bad += [self.state_name.get((kind, w), w) for w, v in views.items() if not _usable(v)]
-        if (g.params[k].size or g.state) and not bad and not np.isfinite(np.dot(g.params[k], g.params[k])):
+        if (g.params.size or g.state) and not bad and not np.isfinite(np.dot(g.params, g.params)):
             bad.append("the parameters together (their squared norm overflows)")
         return bad
 
@@ -175,74 +236,78 @@ class FusedOptimizer:
         for g in self.groups:
             np.multiply(g.grad, coef, out=g.grad)
 
-    def _sgd(self, g: _Group, lr: float, k: int) -> None:
+    def _sgd(self, g: _Group, lr: float, a: int, b: int) -> None:
         # as edgetrain.optimizers.SGD.make: d = g + w * wd; v' = v * m + d * (1 - damp) (v' = d on the first
-        # step when damp != 0); d = d + v' * m (Nesterov) or v'; w' = w - d * lr
+        # step when damp != 0); d = d + v' * m (Nesterov) or v'; w' = w - d * lr. Elements [a, b) in place.
         c = self.config
         t = g.dtype.type
-        w, cur = g.params[self.cur], self.cur
-        d = g.grad
+        w, d = g.params[a:b], g.grad[a:b]
+        s1, s2 = g.s1[: b - a], g.s2[: b - a]
         if c.get("weight_decay"):
-            np.multiply(w, t(c["weight_decay"]), out=g.s1)
-            np.add(g.grad, g.s1, out=g.s1)
-            d = g.s1
+            np.multiply(w, t(c["weight_decay"]), out=s1)
+            np.add(d, s1, out=s1)
+            d = s1
         if c.get("momentum"):
-            v, vn = g.state["momentum"][cur], g.state["momentum"][k]
-            np.multiply(v, t(c["momentum"]), out=vn)
+            v = g.state["momentum"][a:b]
+            np.multiply(v, t(c["momentum"]), out=v)
             if c.get("dampening"):
                 first = float(self.step_value) == 0.0
-                np.multiply(d, t(1.0 - c["dampening"]), out=g.s2)
-                np.add(vn, g.s2, out=vn)
+                np.multiply(d, t(1.0 - c["dampening"]), out=s2)
+                np.add(v, s2, out=v)
                 if first:
-                    np.copyto(vn, d)
+                    np.copyto(v, d)
             else:
-                np.add(vn, d, out=vn)
+                np.add(v, d, out=v)
             if c.get("nesterov"):
-                np.multiply(vn, t(c["momentum"]), out=g.s2)
-                np.add(d, g.s2, out=g.s1)
-                d = g.s1
+                np.multiply(v, t(c["momentum"]), out=s2)
+                np.add(d, s2, out=s1)
+                d = s1
             else:
-                d = vn
-        np.multiply(d, t(np.float32(lr)), out=g.s2)
-        np.subtract(w, g.s2, out=g.params[k])
+                d = v
+        np.multiply(d, t(np.float32(lr)), out=s2)
+        np.subtract(w, s2, out=w)
 
-    def _adam(self, g: _Group, lr: float, k: int) -> np.ndarray:
-        # as edgetrain.optimizers.Adam.make: m' = m b1 + d (1 - b1); v' = v b2 + d d (1 - b2); t = step + 1;
-        # w' = w (1 - lr wd, AdamW) - (lr / (1 - b1^t)) * (m' / (sqrt(v' / (1 - b2^t)) + eps))
+    def _adam_consts(self, g: _Group, lr: float) -> tuple[np.ndarray, tuple]:
+        # the step's scalars, once per update: t = step + 1, 1 - b1^t, 1 - b2^t (Pow, as the graph's), lr
         c = self.config
         t = g.dtype.type
-        b1, b2 = (float(b) for b in c["betas"])
-        cur, w = self.cur, g.params[self.cur]
-        lr_t = t(np.float32(lr))
-        decoupled = self.kind == "AdamW"
-        d = g.grad
-        if c.get("weight_decay") and not decoupled:
-            np.multiply(w, t(c["weight_decay"]), out=g.s1)
-            np.add(g.grad, g.s1, out=g.s1)
-            d = g.s1
-        m, mn = g.state["exp_avg"][cur], g.state["exp_avg"][k]
-        v, vn = g.state["exp_avg_sq"][cur], g.state["exp_avg_sq"][k]
-        np.multiply(m, t(b1), out=mn)
-        np.multiply(d, t(1 - b1), out=g.s2)
-        np.add(mn, g.s2, out=mn)
-        np.multiply(d, d, out=g.s2)
-        np.multiply(g.s2, t(1 - b2), out=g.s2)
-        np.multiply(v, t(b2), out=vn)
-        np.add(vn, g.s2, out=vn)
+        b1, b2 = (float(x) for x in c["betas"])
         step_next = np.add(self.step_value, np.float32(1))
         ts = np.asarray(step_next).astype(g.dtype)
         pow_ = KERNELS["Pow"].fn
         one = np.asarray(t(1.0))
         bc1 = np.subtract(one, pow_(np.asarray(t(b1)), ts))
         bc2 = np.subtract(one, pow_(np.asarray(t(b2)), ts))
-        np.divide(vn, bc2, out=g.s2)
-        np.sqrt(g.s2, out=g.s2)
-        np.add(g.s2, t(c["eps"]), out=g.s2)
-        np.divide(mn, g.s2, out=g.s2)
-        np.multiply(np.divide(lr_t, bc1), g.s2, out=g.s2)
-        if c.get("weight_decay") and decoupled:
-            np.multiply(w, np.subtract(one, np.multiply(lr_t, t(c["weight_decay"]))), out=g.params[k])
-            np.subtract(g.params[k], g.s2, out=g.params[k])
-        else:
-            np.subtract(w, g.s2, out=g.params[k])
-        return step_next
+        lr_t = t(np.float32(lr))
+        decay = None
+        if c.get("weight_decay") and self.kind == "AdamW":
+            decay = np.subtract(one, np.multiply(lr_t, t(c["weight_decay"])))
+        return step_next, (t(b1), t(1 - b1), t(b2), t(1 - b2), bc2, t(c["eps"]), np.divide(lr_t, bc1), decay)
+
+    def _adam(self, g: _Group, consts: tuple, a: int, b: int) -> None:
+        # as edgetrain.optimizers.Adam.make: m' = m b1 + d (1 - b1); v' = v b2 + d d (1 - b2); t = step + 1;
+        # w' = w (1 - lr wd, AdamW) - (lr / (1 - b1^t)) * (m' / (sqrt(v' / (1 - b2^t)) + eps)). [a, b) in place.
+        c = self.config
+        b1, one_b1, b2, one_b2, bc2, eps, lr_bc1, decay = consts
+        w, d = g.params[a:b], g.grad[a:b]
+        s1, s2 = g.s1[: b - a], g.s2[: b - a]
+        if c.get("weight_decay") and decay is None:
+            np.multiply(w, g.dtype.type(c["weight_decay"]), out=s1)
+            np.add(d, s1, out=s1)
+            d = s1
+        m, v = g.state["exp_avg"][a:b], g.state["exp_avg_sq"][a:b]
+        np.multiply(m, b1, out=m)
+        np.multiply(d, one_b1, out=s2)
+        np.add(m, s2, out=m)
+        np.multiply(d, d, out=s2)
+        np.multiply(s2, one_b2, out=s2)
+        np.multiply(v, b2, out=v)
+        np.add(v, s2, out=v)
+        np.divide(v, bc2, out=s2)
+        np.sqrt(s2, out=s2)
+        np.add(s2, eps, out=s2)
+        np.divide(m, s2, out=s2)
+        np.multiply(lr_bc1, s2, out=s2)
+        if decay is not None:
+            np.multiply(w, decay, out=w)
+        np.subtract(w, s2, out=w)
