@@ -178,10 +178,13 @@ class Home:
 
     def _log(self, event: str, **fields: Any) -> None:
         line = json.dumps({"time": round(time.time(), 3), "event": event, **fields}, allow_nan=False)
-        with open(self._file(LOG), "a", encoding="utf-8") as f:
-            f.write(line + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with open(self._file(LOG), "a", encoding="utf-8") as f:
+                f.write(line + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:  # a full or read-only storage: say which file
+            raise et.StorageError.of(e, self._file(LOG), "cannot write the app's log") from e
 
     def events(self, kind: str | None = None) -> list[dict[str, Any]]:
         """The log's events, oldest first (a line cut short by a kill is skipped)."""

@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any
 
-from ..errors import EdgeTrainError, RebatchError
+from ..errors import EdgeTrainError, RebatchError, StorageError
 from ..progress import duration
 from .common import UsageError, load_weights, mb, open_session, plural
 
@@ -188,6 +188,10 @@ def run_demo(args: argparse.Namespace) -> int:
         raise UsageError(f"--epochs must be a positive integer, got {args.epochs}")
     result = demo.run_demo(args.out, model=args.model, epochs=args.epochs, plot=not args.no_plot)
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            f.write(result.to_json() + "\n")
+        from ..container import atomic_write
+
+        try:
+            atomic_write(args.json, (result.to_json() + "\n").encode("utf-8"))
+        except OSError as e:
+            raise StorageError.of(e, args.json, "cannot write the demo's summary") from e
     return 0
