@@ -10,10 +10,15 @@ intervals (TFLite's arena planner), after a schedule that runs each optimizer up
 ready so that gradients die early ("On-Device Training Under 256KB Memory", NeurIPS 2022). The greedy schedule has
 a few variants, each best on some graphs; the plan keeps whichever needs the smallest arena, the given order
 included. Kernels' own temporaries (im2col columns, say) are not planned.
+
+A plan read from a file is checked against its program before anything is allocated (check_plan): alignment,
+bounds, sizes, and the one property that makes it safe, that no two values whose lifetimes overlap share a byte
+but for an in-place output written over the input that dies at its node.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -21,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ModelError
+from .errors import LimitError, ModelError, ModelLimitError
 from .ir import Graph, Node, toposort
 from .runtime.interpreter import schedule_digest
 from .runtime.kernels import KERNELS
@@ -31,6 +36,10 @@ from .runtime.kernels.registry import DYNAMIC
 # pulled even when others read them too.
 _MAX_CLUSTER = 8
 _TINY = 64
+# The largest arena a plan may ask for (and the largest value a stored program may declare): a phone has a few GB;
+# a caller with more raises it (load_artifact(max_arena_bytes=), or this constant).
+MAX_ARENA_BYTES = 4 << 30
+MAX_ALIGNMENT = 4096  # a page; plans are made with 64
 
 
 @dataclass
@@ -73,18 +82,46 @@ class MemoryPlan:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> MemoryPlan:
+        """The plan to_dict wrote; ValueError naming the first field that is missing or of another type."""
+        if not isinstance(d, dict):
+            raise ValueError(f"the plan is a {type(d).__name__}, not an object")
+
+        def get(key: str, kind: str, default: Any = ...) -> Any:
+            if key not in d:
+                if default is ...:
+                    raise ValueError(f"the plan lacks '{key}'")
+                return default
+            v = d[key]
+            ok = {
+                "int": type(v) is int,
+                "str": isinstance(v, str),
+                "names": isinstance(v, list) and all(isinstance(x, str) for x in v),
+                "offsets": isinstance(v, dict) and all(type(x) is int for x in v.values()),
+                "aliases": isinstance(v, dict) and all(isinstance(x, str) for x in v.values()),
+                "pairs": isinstance(v, list)
+                and all(
+                    isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in v
+                ),
+            }[kind]
+            if not ok:
+                text = repr(v)
+                raise ValueError(
+                    f"the plan's '{key}' is {text[:60]}{'...' if len(text) > 60 else ''}, not {kind}"
+                )
+            return v
+
         return cls(
-            arena_size=int(d["arena_size"]),
-            alignment=int(d["alignment"]),
-            offsets={str(k): int(v) for k, v in d["offsets"].items()},
-            aliases={str(k): str(v) for k, v in d["aliases"].items()},
-            in_place=[(str(o), str(i)) for o, i in d["in_place"]],
-            outside=[str(v) for v in d["outside"]],
-            lower_bound=int(d["lower_bound"]),
-            no_plan=int(d["no_plan"]),
-            unreordered_peak=int(d["unreordered_peak"]),
-            order_digest=str(d.get("order_digest", "")),
-            copies=[str(v) for v in d.get("copies", [])],
+            arena_size=get("arena_size", "int"),
+            alignment=get("alignment", "int"),
+            offsets=dict(get("offsets", "offsets")),
+            aliases=dict(get("aliases", "aliases")),
+            in_place=[(o, i) for o, i in get("in_place", "pairs")],
+            outside=list(get("outside", "names")),
+            lower_bound=get("lower_bound", "int"),
+            no_plan=get("no_plan", "int"),
+            unreordered_peak=get("unreordered_peak", "int"),
+            order_digest=get("order_digest", "str", ""),
+            copies=list(get("copies", "names", [])),
         )
 
     def summary(self) -> str:
@@ -434,3 +471,123 @@ def plan_memory(graph: Graph, *, alignment: int = 64, reorder: bool = True) -> t
         copies=[v for v in f.planned if v not in no_copy],
     )
     return program, plan
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# checking a plan read from a file
+
+
+def check_plan(
+    graph: Graph,
+    plan: MemoryPlan,
+    *,
+    where: str = "the memory plan",
+    error: type[Exception] = ModelError,
+    limit_error: type[LimitError] = ModelLimitError,
+    max_arena_bytes: int | None = None,
+) -> None:
+    """Raises error(where + the first fault) unless the plan is safe to run graph (in its node order) with:
+    alignment a power of two up to MAX_ALIGNMENT; an arena of at most max_arena_bytes (MAX_ARENA_BYTES; a
+    limit_error past it), and no larger than all its values together; every placed value one that a node computes
+    into the arena (not a graph input, initializer, graph output or view), with a static shape, at an aligned
+    offset >= 0 with all its bytes inside the arena; and no two values live at once sharing a byte. A value lives
+    from the node that makes it to the last node that reads it or a view of it (to the end when a graph output
+    views it), views being what the kernels say, not what the plan says. The one sharing allowed is the planner's
+    in place: an output at the very offset and size of an input that dies at its node, of the same dtype, when
+    the kernel may write over that input (Kernel.inplace) and reads it there only in its own layout."""
+    from .container import declared_nbytes
+
+    limit = MAX_ARENA_BYTES if max_arena_bytes is None else max_arena_bytes
+    align, arena = plan.alignment, plan.arena_size
+    if type(align) is not int or not 1 <= align <= MAX_ALIGNMENT or align & (align - 1):
+        raise error(f"{where}: its alignment {align!r} is not a power of two from 1 to {MAX_ALIGNMENT}")
+    if type(arena) is not int or arena < 0:
+        raise error(f"{where}: its arena size {arena!r} is not an int >= 0")
+    if arena > limit:
+        raise limit_error(
+            f"{where} asks for an arena of {arena} bytes, more than the {limit} edgetrain allows "
+            "(max_arena_bytes=)",
+            limit=limit,
+            needed=arena,
+        )
+    if plan.order_digest and plan.order_digest != schedule_digest(graph):
+        raise error(f"{where} was made for another node order than its program's")
+    try:
+        f = _Facts(graph)
+    except Exception as e:  # a kernel's view condition that cannot read a node's attributes
+        raise error(f"{where}: its program cannot be planned ({type(e).__name__}: {e})") from None
+    size: dict[str, int] = {}
+    for name, off in plan.offsets.items():
+        quoted = repr(name)[:80]
+        if name not in f.planned:
+            raise error(
+                f"{where} places {quoted}, which is not a value a node computes into the arena (a graph input, "
+                "initializer, graph output, view, or unknown value)"
+            )
+        info = graph.values[name]
+        try:
+            size[name] = declared_nbytes(list(info.shape), np.dtype(info.dtype).itemsize)
+        except ValueError as e:
+            raise error(f"{where} places {quoted}, whose declared shape is impossible: {e}") from None
+        if type(off) is not int or off < 0 or off % align or off + size[name] > arena:
+            raise error(
+                f"{where} places {quoted} ({size[name]} bytes) at {off!r}: not an aligned offset >= 0 with all "
+                f"its bytes inside the {arena}-byte arena"
+            )
+    need = sum(-(-b // align) * align for b in size.values())
+    if arena > need:
+        raise error(f"{where} declares an arena of {arena} bytes, more than all its values need ({need})")
+    n = len(graph.nodes)
+    start = {v: f.producer[v] for v in size}
+    end = {v: n if v in f.pinned else max(f.readers[v], default=start[v]) for v in size}
+    births: dict[int, list[str]] = {}
+    deaths: dict[int, list[str]] = {}
+    for v in sorted(size, key=lambda v: (start[v], plan.offsets[v])):
+        if size[v]:  # an empty value has no bytes to share
+            births.setdefault(start[v], []).append(v)
+            deaths.setdefault(end[v], []).append(v)
+    live: list[tuple[int, int, str]] = []  # (first byte, end byte, value) of the values live now: disjoint
+
+    def forget(v: str) -> None:
+        k = bisect.bisect_left(live, (plan.offsets[v], plan.offsets[v] + size[v], v))
+        if k < len(live) and live[k][2] == v:
+            del live[k]
+
+    for t in range(n + 1):
+        for b in births.get(t, ()):
+            lo, hi = plan.offsets[b], plan.offsets[b] + size[b]
+            k = bisect.bisect_left(live, (lo, hi, b))
+            k -= k > 0 and live[k - 1][1] > lo  # the one before may reach into b
+            shared = []
+            while k < len(live) and live[k][0] < hi:
+                if live[k][1] > lo:
+                    shared.append(live[k][2])
+                k += 1
+            for a in shared:
+                if not (end[a] == t and _may_write_over(f, graph, graph.nodes[t], a, b, plan.offsets, size)):
+                    node = graph.nodes[t]
+                    raise error(
+                        f"{where} puts {b!r} (made by node {t} '{node.name or b}', {node.op_type}) on bytes of "
+                        f"{a!r}, which is still live then (made at node {start[a]}, read until node {end[a]}): "
+                        "the two would overwrite each other"
+                    )
+                forget(a)
+            bisect.insort(live, (lo, hi, b))
+        for a in deaths.get(t, ()):
+            forget(a)
+
+
+def _may_write_over(
+    f: _Facts, g: Graph, node: Node, a: str, b: str, offsets: dict[str, int], size: dict[str, int]
+) -> bool:
+    """Whether node may write its output b in place over a, which dies there (memory._layout's in place)."""
+    kern = KERNELS.get(node.op_type)
+    outs = [o for o in node.outputs if o]
+    if kern is None or outs != [b] or offsets[a] != offsets[b] or size[a] != size[b]:
+        return False
+    for j in kern.inplace:
+        x = node.inputs[j] if j < len(node.inputs) else ""
+        xi = g.values.get(x)
+        if x and f.root.get(x) == a and xi is not None and xi.dtype == g.values[b].dtype:
+            return all(f.is_flat(i) for i in node.inputs if i and f.root.get(i) == a)
+    return False

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import EdgeTrainError, ExecutionError, FeedError, ModelError, UnsupportedError
+from ..errors import EdgeTrainError, ExecutionError, FeedError, UnsupportedError
 from ..ir import Graph, Node, TensorInfo
 from .kernels import KERNELS
 
@@ -145,25 +145,21 @@ class Interpreter:
         self._compiled = _compile(steps, self.n_slots + 1)
 
     def _arena_views(self, plan: MemoryPlan) -> dict[str, np.ndarray]:
-        """One aligned byte arena, and a view into it for every planned value."""
+        """One aligned byte arena, and a view into it for every planned value. The plan is checked first
+        (memory.check_plan: alignment, bounds, no two live values on the same bytes), before the arena is
+        allocated: a plan from a file or a caller may be anything."""
+        from ..memory import check_plan
+
         g = self.graph
-        if plan.order_digest and plan.order_digest != schedule_digest(g):
-            raise ModelError(
-                "the memory plan was made for another node order than this graph's; run the graph that "
-                "plan_memory returned with it"
-            )
+        check_plan(g, plan)
         raw = np.empty(plan.arena_size + plan.alignment, np.uint8)
         self._protected.add(id(raw))
         shift = -raw.ctypes.data % plan.alignment
         arena = raw[shift : shift + plan.arena_size]
         views = {}
         for name, off in plan.offsets.items():
-            info = g.values.get(name)
-            if info is None or not info.is_static or name not in self.slot:
-                raise ModelError(f"the memory plan places '{name}', which this graph does not compute")
+            info = g.values[name]
             size = int(np.prod(info.shape, dtype=np.int64)) * np.dtype(info.dtype).itemsize
-            if off % plan.alignment or off + size > plan.arena_size:
-                raise ModelError(f"the memory plan places '{name}' ({size} bytes) outside its arena at {off}")
             views[name] = arena[off : off + size].view(info.dtype).reshape(info.shape)
         self.arena = arena
         return views

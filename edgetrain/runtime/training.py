@@ -342,11 +342,13 @@ class TrainingSession:
         return write_container(path, kind="checkpoint", header=header, tensors=self._values)
 
     def load_checkpoint(self, path: str | os.PathLike) -> dict[str, Any]:
-        """Restores a checkpoint of this model; returns its user_state."""
+        """Restores a checkpoint of this model; returns its user_state. Every field is checked before anything is
+        restored: a bad file is an ArtifactError naming it and the field, and the session is left as it was."""
         from ..container import read_container
 
         header, tensors = read_container(path, kind="checkpoint")
-        if header.get("program_id") != self.artifact.program_id:
+        step, lr, user = _checkpoint_fields(path, header)
+        if header["program_id"] != self.artifact.program_id:
             raise ArtifactError(
                 f"checkpoint '{path}' belongs to another model (it was saved by a session of "
                 f"'{header.get('artifact', '?')}', a different training program), so it cannot be loaded into "
@@ -367,17 +369,6 @@ class TrainingSession:
                     f"checkpoint '{path}': '{k}' holds non-finite values (NaN or infinity); edgetrain never writes "
                     "such a checkpoint, so the file was made elsewhere or damaged: use an earlier checkpoint"
                 )
-        step, lr, user = header.get("step"), header.get("lr"), header.get("user_state", {})
-        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-            raise ArtifactError(
-                f"checkpoint '{path}': its step count {step!r} is not an integer >= 0; damaged"
-            )
-        if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not math.isfinite(lr) or lr < 0:
-            raise ArtifactError(f"checkpoint '{path}': its learning rate {lr!r} is not a finite number >= 0")
-        if not isinstance(user, dict):
-            raise ArtifactError(
-                f"checkpoint '{path}': its user_state is a {type(user).__name__}, not a JSON object"
-            )
         for k in list(self._values):
             self._assign(k, tensors[k])
         self.step, self._lr = step, float(lr)
@@ -408,8 +399,15 @@ class TrainingSession:
         loss = self.artifact.header.get("loss", {})
         if loss.get("type") != "CrossEntropyLoss":
             return None
-        out = self.artifact.program.values[self._io["outputs"][0]]
-        return int(out.shape[1])
+        out = self.artifact.program.values.get(self._io["outputs"][0])
+        shape = None if out is None else out.shape
+        if not shape or len(shape) < 2 or type(shape[1]) is not int or shape[1] < 1:
+            raise ArtifactError(
+                f"'{self.artifact.path}' trains with CrossEntropyLoss, but its output "
+                f"'{self._io['outputs'][0]}' declares {out if out is not None else 'no shape'}, not [batch, classes, "
+                "...] with a known number of classes; rebuild it with `edgetrain convert`"
+            )
+        return int(shape[1])
 
     def _data_feeds(self, x: Any, *, fixed_batch: bool) -> dict[str, np.ndarray]:
         names = self._io["data_inputs"]
@@ -437,24 +435,12 @@ class TrainingSession:
     def _feeds(self, x: Any, y: Any) -> dict[str, np.ndarray]:
         feeds = self._data_feeds(x, fixed_batch=True)
         io, info = self._io, self._target_info
-        y = np.asarray(y)
+        try:
+            y = np.asarray(y)
+        except (TypeError, ValueError) as e:  # ragged lists, objects numpy cannot make an array of
+            raise FeedError(f"the labels are not an array: {e}") from None
         if np.dtype(info.dtype).kind == "i":
-            if y.dtype.kind not in "iu":
-                if y.dtype.kind == "f" and np.all(np.mod(y, 1) == 0):
-                    y = y.astype(np.int64)
-                else:
-                    raise FeedError(f"labels must be integer class indices, got {y.dtype}")
-            y = y.astype(info.dtype, copy=False)
-            if self._n_classes is not None:
-                ignore = self.artifact.header["loss"].get("ignore_index")
-                bad = (y < 0) | (y >= self._n_classes)
-                if ignore is not None:
-                    bad &= y != ignore
-                if bad.any():
-                    raise FeedError(
-                        f"label {int(y[bad].ravel()[0])} is out of range: the model has "
-                        f"{self._n_classes} classes (0 to {self._n_classes - 1})"
-                    )
+            y = self._class_labels(y)
         elif y.dtype != info.dtype and y.dtype.kind in "fiub":
             y = y.astype(info.dtype)
         if tuple(y.shape) != tuple(info.shape):
@@ -463,6 +449,34 @@ class TrainingSession:
         feeds[io["lr"]] = np.asarray(self._lr, np.float32)
         feeds.update(self._values)
         return feeds
+
+    def _class_labels(self, y: np.ndarray) -> np.ndarray:
+        """Integer class labels for the target: integral numbers within [0, classes) (or the loss's ignore_index),
+        checked with one min and max before the cast, so that 1e30 or 2**64-1 is named as given, not wrapped."""
+        want = self._target_info.dtype
+        if y.dtype.kind not in "iuf" or (y.dtype.kind == "f" and not np.all(np.mod(y, 1) == 0)):
+            raise FeedError(f"labels must be integer class indices, got {y.dtype}")
+        n = self._n_classes
+        if n is not None and y.size:
+            ignore = self.artifact.header["loss"].get("ignore_index")
+            lo, hi = y.min(), y.max()
+            if lo < 0 or hi >= n:
+                bad = (y < 0) | (y >= n)
+                if ignore is not None:
+                    bad &= y != ignore
+                if bad.any():
+                    at = tuple(int(i) for i in np.unravel_index(int(np.flatnonzero(bad)[0]), y.shape))
+                    value = y[at].item()
+                    text = f"{value:g}" if isinstance(value, float) else str(value)
+                    where = f"sample {at[0]}" + (f", position {list(at[1:])}," if len(at) > 1 else "")
+                    also = f", or {ignore} to ignore a sample" if ignore is not None else ""
+                    raise FeedError(
+                        f"label {text} is out of range: the model has {n} classes (0 to {n - 1}{also}); it is "
+                        f"{where} of the batch"
+                    )
+        elif y.dtype.kind == "f" and y.size and not np.all(np.abs(y) < 2**62):
+            raise FeedError(f"labels must be integer class indices, got {y.dtype} values beyond any int")
+        return y.astype(want, copy=False)
 
 
 def _usable(a: np.ndarray) -> bool:
@@ -477,3 +491,25 @@ def _finite(a: np.ndarray) -> bool:
     """Whether every element is finite, in one pass and no temporary the size of `a`: a float64 sum of float32
     values cannot overflow, and NaN or infinity anywhere makes it non-finite."""
     return bool(np.isfinite(np.sum(a, dtype=np.float64)))
+
+
+def _checkpoint_fields(path: str | os.PathLike, header: dict[str, Any]) -> tuple[int, float, dict]:
+    """(step, lr, user_state) of a checkpoint header, every field of its type; ArtifactError naming the field."""
+    from ..container import short
+
+    pid, name = header.get("program_id"), header.get("artifact", "")
+    step, lr, user = header.get("step"), header.get("lr"), header.get("user_state", {})
+    bad = None
+    if not isinstance(pid, str):
+        bad = f"its program_id {short(pid)} is not a string"
+    elif not isinstance(name, str):
+        bad = f"its artifact name {short(name)} is not a string"
+    elif type(step) is not int or step < 0:
+        bad = f"its step count {short(step)} is not an integer >= 0"
+    elif type(lr) not in (int, float) or not math.isfinite(lr) or lr < 0:
+        bad = f"its learning rate {short(lr)} is not a finite number >= 0"
+    elif not isinstance(user, dict):
+        bad = f"its user_state is a {type(user).__name__} ({short(user)}), not a JSON object"
+    if bad:
+        raise ArtifactError(f"checkpoint '{path}': {bad}; it is damaged or was not written by edgetrain")
+    return step, float(lr), user
