@@ -61,6 +61,9 @@ MAX_HEADER_BYTES = 64 << 20
 # are bounded too, at max_header_bytes // HEADER_BYTES_PER_ITEM (1M by default; ResNet-50's header has 60k, ~10 B
 # each): a hostile header costs at most a few hundred MB however it is built.
 HEADER_BYTES_PER_ITEM = 64
+# A file whose checksum fails is not trusted further: its header is parsed only to say whether it was cut short,
+# and only when it is at most this big (larger, the message is the checksum's).
+_DIAGNOSIS_BYTES = 8 << 20
 MAX_JSON_DEPTH = 64  # nesting of the header's JSON; real headers nest 6 deep
 MAX_DIMS = 32  # numpy 1.24's limit on an array's dimensions
 
@@ -593,10 +596,12 @@ def _checksum_matches(mm: mmap.mmap, size: int) -> bool:
 
 
 def _checksum_failure(path: str, mm: mmap.mmap, size: int, hlen: int, max_header: int) -> ArtifactError:
-    """The error for a file whose checksum does not match: truncation or extra bytes when its table (parsed
-    within the usual bounds, for the message only) says so, an undecodable header, else the checksum."""
+    """The error for a file whose checksum does not match: truncation or extra bytes when its table (parsed for
+    the message only, within a smaller bound: _DIAGNOSIS_BYTES) says so, an undecodable header, else the
+    checksum."""
     try:
-        _, entries = _parse_table(path, mm[_PREAMBLE.size : _PREAMBLE.size + hlen], max_header)
+        bound = min(max_header, _DIAGNOSIS_BYTES)
+        _, entries = _parse_table(path, mm[_PREAMBLE.size : _PREAMBLE.size + min(hlen, bound)], bound)
     except ArtifactLimitError:
         entries = None
     except ArtifactError as e:

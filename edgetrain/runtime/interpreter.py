@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import EdgeTrainError, ExecutionError, FeedError, UnsupportedError
+from ..errors import EdgeTrainError, ExecutionError, FeedError, LimitError, UnsupportedError
 from ..ir import Graph, Node, TensorInfo
 from .kernels import KERNELS
 
@@ -133,8 +133,12 @@ class Interpreter:
             if plan is None and preallocate and writes_out and first and first not in keep:
                 info = graph.values.get(first, _NO)
                 if info.is_static:
-                    buffers[first] = b = np.empty(info.shape, info.dtype)
-                    self._protected.add(id(b))
+                    try:
+                        buffers[first] = b = np.empty(info.shape, info.dtype)
+                    except (MemoryError, ValueError):  # too large to keep: the kernel allocates it each run
+                        pass
+                    else:
+                        self._protected.add(id(b))
             dests = tuple(buffers.get(o) if o else None for o in n.outputs)
             if writes_out and dests and dests[0] is not None:
                 kwargs["out"] = dests[0]
@@ -152,7 +156,14 @@ class Interpreter:
 
         g = self.graph
         check_plan(g, plan)
-        raw = np.empty(plan.arena_size + plan.alignment, np.uint8)
+        try:
+            raw = np.empty(plan.arena_size + plan.alignment, np.uint8)
+        except MemoryError:
+            raise LimitError(
+                f"the memory plan's arena of {plan.arena_size} bytes cannot be allocated here (out of memory); "
+                "train with a smaller batch (convert with --batch-size)",
+                needed=plan.arena_size,
+            ) from None
         self._protected.add(id(raw))
         shift = -raw.ctypes.data % plan.alignment
         arena = raw[shift : shift + plan.arena_size]
