@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from .errors import DataError
+from .errors import ConfigError, DataError
 
 LAYOUTS = (None, "nchw", "nhwc")
 
@@ -24,7 +24,7 @@ def _shape(shape, what: str) -> tuple[int, ...]:
     except (TypeError, ValueError):
         ok = False
     if not ok:
-        raise ValueError(f"{what} must be a sequence of positive integers (no batch axis), got {shape!r}")
+        raise ConfigError(f"{what} must be a sequence of positive integers (no batch axis), got {shape!r}")
     return dims
 
 
@@ -92,7 +92,7 @@ def adapt_samples(
     if isinstance(layout, str):
         layout = layout.lower()
     if layout not in LAYOUTS:
-        raise ValueError(f"layout must be None, 'nchw' or 'nhwc', got {layout!r}")
+        raise ConfigError(f"layout must be None, 'nchw' or 'nhwc', got {layout!r}")
     last = _channels_last(model)
     if layout == "nhwc":
         if sample == last:

@@ -7,9 +7,10 @@ import gzip
 import os
 import zlib
 
+from .csvtable import CsvDataView, _cells, _is_number
 from .errors import DataError
-from .files import CsvDataView, NpzDataView, _cells, _is_number
 from .mnist import GZIP_MAGIC, MnistDataView, find_mnist_files, idx_header
+from .npz import NpzDataView
 from .views import IDataView
 
 _SNIFF = 8192

@@ -5,6 +5,7 @@ The classes belong to edgetrain's one hierarchy (edgetrain.errors, a module that
 (a batch size of 0, fractions that do not add up) raise edgetrain's ConfigError, a ValueError too. loaders imports
 nothing else of edgetrain; where edgetrain is not there at all (the package copied alone onto a device), the same
 names stand alone on the builtins, so `except ValueError` / `except MemoryError` code works either way.
+SampleIndexError, an index out of a view's range, is a DataError and an IndexError (Python's sequence protocol).
 """
 
 from __future__ import annotations
@@ -47,4 +48,10 @@ class DataLimitError(DataError, LimitError):
         self.needed = needed
 
 
-__all__ = ["ConfigError", "DataError", "DataLimitError", "EdgeTrainError", "LimitError"]
+class SampleIndexError(DataError, IndexError):
+    """A sample index out of range for a view (view[i], SubsetView indices). An IndexError, so that Python's
+    sequence protocol (iteration by __getitem__, `except IndexError`) works as for a list; and a DataError, whose
+    message names the view, like numpy's AxisError is both a ValueError and an IndexError."""
+
+
+__all__ = ["ConfigError", "DataError", "DataLimitError", "EdgeTrainError", "LimitError", "SampleIndexError"]

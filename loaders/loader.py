@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from .errors import DataError
-from .views import IDataView
+from .errors import ConfigError, DataError
+from .views import IDataView, first_nonfinite
 
 Transform = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
 _STATE_KEYS = ("epoch", "position", "seed", "shuffle", "size")
+
+
+def _is_int(v) -> bool:
+    """An integer, or a float holding a whole number (4.0): not a bool, a string or None."""
+    if isinstance(v, (bool, np.bool_)):
+        return False
+    if isinstance(v, numbers.Integral):
+        return True
+    return isinstance(v, (float, np.floating)) and math.isfinite(v) and v == int(v)
 
 
 class DataLoader:
@@ -35,8 +46,14 @@ class DataLoader:
         transform: Transform | None = None,
         batch_transform: Transform | None = None,
     ):
-        if int(batch_size) != batch_size or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        if not _is_int(batch_size) or batch_size < 1:
+            raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
+        if seed is not None and not (_is_int(seed) and seed >= 0):
+            raise ConfigError(f"seed must be an integer >= 0 or None, got {seed!r}")
+        if not all(callable(getattr(view, m, None)) for m in ("size", "get_batch")):
+            raise ConfigError(
+                f"DataLoader needs an IDataView (e.g. loaders.open_data(path)), got {type(view).__name__}"
+            )
         n = view.size()
         if n == 0:
             raise DataError(f"{view.source}: empty dataset (0 samples), nothing to load", view.source)
@@ -80,6 +97,18 @@ class DataLoader:
     # -- batches ------------------------------------------------------------------------------------------
     def _batch(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         x, y = self.view.get_batch(indices)
+        if not getattr(self.view, "finite_checked", False):  # a view of the user's own: one pass per batch
+            for a, what in ((x, "feature"), (y, "label")):
+                found = first_nonfinite(a)
+                if found is not None:
+                    k, pos, value, count = found
+                    at = f" at position {list(pos)}" if pos else ""
+                    raise DataError(
+                        f"{self.view.source}: sample {int(indices[k])} holds a non-finite {what} ({value}{at}); "
+                        f"{count} of the {len(indices)} samples of this batch do. NaN and inf cannot be trained "
+                        f"on: fix or drop those samples",
+                        self.view.source,
+                    )
         if self.transform is not None:
             pairs = [self.transform(x[i], y[i, ...]) for i in range(len(indices))]
             x, y = np.stack([p[0] for p in pairs]), np.stack([np.asarray(p[1]) for p in pairs])
@@ -124,20 +153,31 @@ class DataLoader:
 
     def restore(self, state: dict) -> None:
         """Continue from a state() so that the next batch is the one that came next when it was taken."""
+        if not isinstance(state, dict):
+            raise ConfigError(
+                f"loader state must be a dict from DataLoader.state(), got {type(state).__name__}"
+            )
         missing = [k for k in _STATE_KEYS if k not in state]
         if missing:
-            raise ValueError(f"loader state lacks {missing}; a DataLoader.state() has {list(_STATE_KEYS)}")
+            raise ConfigError(f"loader state lacks {missing}; a DataLoader.state() has {list(_STATE_KEYS)}")
+        for key in ("epoch", "position", "seed", "size"):
+            if not _is_int(state[key]):
+                raise ConfigError(f"loader state has {key} {state[key]!r}, not an integer")
+        if state["seed"] < 0:
+            raise ConfigError(f"loader state has seed {state['seed']!r}, not an integer >= 0")
+        if not isinstance(state["shuffle"], (bool, np.bool_)):
+            raise ConfigError(f"loader state has shuffle {state['shuffle']!r}, not true or false")
         if int(state["size"]) != self._n:
-            raise ValueError(
+            raise ConfigError(
                 f"loader state is for a dataset of {state['size']} samples, this one has {self._n}"
             )
         if bool(state["shuffle"]) != self.shuffle:
-            raise ValueError(
+            raise ConfigError(
                 f"loader state has shuffle={state['shuffle']}, this loader shuffle={self.shuffle}"
             )
         epoch, pos = int(state["epoch"]), int(state["position"])
-        if epoch < 0 or not 0 <= pos <= self._n:
-            raise ValueError(
+        if not 0 <= epoch < 2**62 or not 0 <= pos <= self._n:
+            raise ConfigError(
                 f"loader state has epoch {epoch}, position {pos}: out of range for {self._n} samples"
             )
         self.seed, self._epoch, self._pos = int(state["seed"]), epoch, pos

@@ -1,7 +1,9 @@
-"""MNIST idx files (raw or .gz) -> MnistDataView of float32 [1, rows, cols] images and int64 labels."""
+"""MNIST idx files (raw or .gz, inflated within the size the header declares) -> MnistDataView of float32
+[1, rows, cols] images and int64 labels."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import math
 import os
@@ -10,8 +12,9 @@ import zlib
 
 import numpy as np
 
-from .errors import DataError
-from .views import IDataView, check_labels
+from .errors import ConfigError, DataError, DataLimitError
+from .limits import IDX_GZ_MAX_BYTES, allocate, limit_argument, read_into, size_text
+from .views import IDataView, check_finite, check_labels
 
 GZIP_MAGIC = b"\x1f\x8b"
 # the idx format (yann.lecun.com/exdb/mnist): 0x00 0x00, a type byte, the number of dimensions, then each
@@ -57,33 +60,108 @@ def _describe_start(head: bytes) -> str:
     return shown or "nothing (the file is empty)"
 
 
-def _read_gzip(path: str) -> bytes:
+def _gzip_stream(path: str):
     try:
-        with gzip.open(path, "rb") as f:
-            return f.read()
-    except (OSError, EOFError, zlib.error) as e:
-        raise DataError(f"{path}: a damaged or truncated gzip file ({e})", path) from e
+        return gzip.open(path, "rb")
+    except OSError as e:
+        raise DataError(f"{path}: cannot read ({e})", path) from e
 
 
-def read_idx(path: str | os.PathLike, *, ndim: int | None = None, what: str = "data") -> np.ndarray:
-    """The array in an idx file, raw (memory-mapped, read lazily) or gzip-compressed (decompressed in memory).
+def _read_head(f) -> bytes:
+    """The idx header from the start of a stream: 4 bytes, then 4 per dimension (fewer when the stream ends)."""
+    head = f.read(4)
+    if len(head) == 4 and head[0] == 0 and head[1] == 0 and head[2] in IDX_TYPES and 1 <= head[3] <= 8:
+        head += f.read(4 * head[3])
+    return head
 
-    `ndim` checks the number of dimensions; `what` ("images", "labels") words the error messages.
+
+def read_idx(
+    path: str | os.PathLike,
+    *,
+    ndim: int | None = None,
+    what: str = "data",
+    max_bytes: int = IDX_GZ_MAX_BYTES,
+) -> np.ndarray:
+    """The array in an idx file, raw (memory-mapped, read lazily) or gzip-compressed (inflated in memory).
+
+    `ndim` checks the number of dimensions; `what` ("images", "labels") words the error messages. A .gz file is
+    inflated into a buffer of exactly the size its header declares, which must be at most `max_bytes` (default
+    IDX_GZ_MAX_BYTES, 1 GiB: DataLimitError beyond); a stream that holds more than declared is refused as soon as
+    one byte more comes (DataLimitError), one that holds less is truncated (DataError). Float data must be
+    finite (DataError naming the first sample that is not).
     """
     path = os.fspath(path)
+    max_bytes = limit_argument(max_bytes)
     if not os.path.isfile(path):
         raise DataError(f"{path}: no such file ({what})", path)
-    compressed = is_gzip(path)
-    if compressed:
-        data = _read_gzip(path)
-        head, actual = data[:36], len(data)
-    else:
-        with open(path, "rb") as f:
-            head = f.read(36)
-        actual = os.path.getsize(path)
+    try:
+        compressed = is_gzip(path)
+    except OSError as e:
+        raise DataError(f"{path}: cannot read ({e})", path) from e
+    with contextlib.ExitStack() as stack:
+        try:
+            if compressed:
+                f = stack.enter_context(_gzip_stream(path))
+            else:
+                f = stack.enter_context(open(path, "rb"))
+            head = _read_head(f)
+            dtype, dims, offset, expected = _check_head(path, head, ndim, what)
+            nbytes = expected - offset
+            shape = " x ".join(map(str, dims))
+            if not compressed:
+                actual = os.path.getsize(path)
+                _check_raw_size(path, what, shape, dtype, expected, actual)
+                if dims[0] == 0:
+                    raise DataError(f"{path}: empty dataset (the idx header counts 0 {what})", path)
+                try:
+                    out = np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=dims)
+                except (ValueError, OverflowError) as e:  # mmap refuses (e.g. beyond the address space)
+                    raise DataError(f"{path}: cannot memory-map the {what} ({shape}): {e}", path) from e
+            else:
+                if dims[0] == 0:
+                    raise DataError(f"{path}: empty dataset (the idx header counts 0 {what})", path)
+                if nbytes > max_bytes:
+                    raise DataLimitError(
+                        f"{path}: the idx header declares {shape} {dtype.name} values, {size_text(nbytes)} once "
+                        f"inflated, more than the {size_text(max_bytes)} allowed for a .gz file; refused before "
+                        f"inflating it (a decompression bomb, or a dataset too large for memory: pass "
+                        f"max_bytes= to allow more, or decompress it to disk, where it is memory-mapped)",
+                        path,
+                        limit=max_bytes,
+                        needed=nbytes,
+                    )
+                buf = allocate(nbytes, path, f"the {what} ({shape} {dtype.name} values)")
+                got = read_into(f, buf)
+                if got < nbytes:
+                    raise DataError(
+                        f"{path}: truncated {what}: the header says {shape} {dtype.name} values, {expected} bytes "
+                        f"in all once decompressed, but the file has {offset + got} bytes once decompressed",
+                        path,
+                    )
+                if f.read(1):
+                    raise DataLimitError(
+                        f"{path}: inflates to more than its idx header declares ({shape} {dtype.name} values, "
+                        f"{expected} bytes expected once decompressed): a damaged file or a decompression "
+                        f"bomb; refused at the declared size",
+                        path,
+                        limit=expected,
+                        needed=expected + 1,
+                    )
+                out = buf.view(dtype).reshape(dims)
+        except (OSError, EOFError, zlib.error) as e:
+            if compressed:
+                raise DataError(f"{path}: a damaged or truncated gzip file ({e})", path) from e
+            raise DataError(f"{path}: cannot read ({e})", path) from e
+    if dtype.kind == "f":
+        check_finite(out, path, what="value")
+    return out
+
+
+def _check_head(path: str, head: bytes, ndim: int | None, what: str):
+    """(dtype, dims, data offset, expected total size) of an idx header, or the DataError that says what is wrong."""
     parsed = idx_header(head)
     if parsed is None:
-        if len(head) >= 4 and head[0] == 0 and head[1] == 0 and head[2] in IDX_TYPES:
+        if len(head) >= 4 and head[0] == 0 and head[1] == 0 and head[2] in IDX_TYPES and 1 <= head[3] <= 8:
             raise DataError(
                 f"{path}: truncated idx header: {head[3]} dimensions need {4 + 4 * head[3]} bytes, "
                 f"the file has {len(head)}",
@@ -101,25 +179,22 @@ def read_idx(path: str | os.PathLike, *, ndim: int | None = None, what: str = "d
             path,
         )
     offset = 4 + 4 * len(dims)
-    expected = offset + math.prod(dims) * dtype.itemsize
-    shape = " x ".join(map(str, dims))
+    return dtype, dims, offset, offset + math.prod(dims) * dtype.itemsize
+
+
+def _check_raw_size(path: str, what: str, shape: str, dtype: np.dtype, expected: int, actual: int) -> None:
     if actual < expected:
         raise DataError(
-            f"{path}: truncated {what}: the header says {shape} {dtype.name} values, {expected} bytes in all"
-            f"{' once decompressed' if compressed else ''}, but the file has {actual} bytes",
+            f"{path}: truncated {what}: the header says {shape} {dtype.name} values, {expected} bytes in all, "
+            f"but the file has {actual} bytes",
             path,
         )
     if actual > expected:
         raise DataError(
             f"{path}: {actual - expected} bytes after the {what} data ({shape} {dtype.name} values, "
-            f"{expected} bytes expected{' once decompressed' if compressed else ''}): not a clean idx file",
+            f"{expected} bytes expected): not a clean idx file",
             path,
         )
-    if dims[0] == 0:
-        raise DataError(f"{path}: empty dataset (the idx header counts 0 {what})", path)
-    if compressed:
-        return np.frombuffer(data, dtype=dtype, count=math.prod(dims), offset=offset).reshape(dims)
-    return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=dims)
 
 
 class MnistDataView(IDataView):
@@ -127,9 +202,12 @@ class MnistDataView(IDataView):
 
     normalize=True (the default) scales pixels to [0, 1] (x / 255); False keeps 0..255 as float32; a pair
     (mean, std) gives (x / 255 - mean) / std, e.g. (0.1307, 0.3081) for MNIST. Raw files are memory-mapped
-    and each batch reads only its images; .gz files are decompressed into memory once. Labels must lie in
-    [0, num_classes) (num_classes=None skips the check).
+    and each batch reads only its images; .gz files are decompressed into memory once, within the size their
+    header declares and `max_bytes` (see read_idx). Labels must lie in [0, num_classes) (num_classes=None skips
+    the check).
     """
+
+    finite_checked = True  # uint8 pixels
 
     def __init__(
         self,
@@ -138,9 +216,11 @@ class MnistDataView(IDataView):
         *,
         normalize: bool | tuple[float, float] = True,
         num_classes: int | None = 10,
+        max_bytes: int = IDX_GZ_MAX_BYTES,
     ):
-        images = read_idx(images_path, ndim=3, what="images")
-        labels = read_idx(labels_path, ndim=1, what="labels")
+        mean_std = _normalize_argument(normalize)
+        images = read_idx(images_path, ndim=3, what="images", max_bytes=max_bytes)
+        labels = read_idx(labels_path, ndim=1, what="labels", max_bytes=max_bytes)
         self.source = os.fspath(images_path)
         if images.dtype != np.uint8:
             raise DataError(
@@ -157,11 +237,7 @@ class MnistDataView(IDataView):
             )
         self.images = images  # uint8 [n, rows, cols], a np.memmap for raw files
         self._labels = np.asarray(labels).astype(np.int64)
-        if isinstance(normalize, bool):
-            self._mean_std = None
-        else:
-            mean, std = (float(v) for v in normalize)
-            self._mean_std = (np.float32(mean), np.float32(std))
+        self._mean_std = mean_std
         self.normalize = normalize
         if num_classes is not None:
             check_labels(self, num_classes)
@@ -196,10 +272,26 @@ class MnistDataView(IDataView):
         return self._labels
 
 
+def _normalize_argument(normalize) -> tuple[np.float32, np.float32] | None:
+    """MnistDataView's normalize= -> None (True, False) or (mean, std) as float32 (ConfigError unless std > 0)."""
+    if isinstance(normalize, (bool, np.bool_)):
+        return None
+    try:
+        mean, std = (float(v) for v in normalize)
+    except (TypeError, ValueError):
+        mean = std = math.nan
+    if not (math.isfinite(mean) and math.isfinite(std) and std > 0 and np.isfinite(np.float32(std))):
+        raise ConfigError(
+            f"MnistDataView normalize must be True, False or a pair (mean, std) of finite numbers with std > 0 "
+            f"(e.g. (0.1307, 0.3081)), got {normalize!r}"
+        )
+    return np.float32(mean), np.float32(std)
+
+
 def mnist_names(split: str, kind: str) -> list[str]:
     """File names an MNIST `split` file of `kind` ("images" or "labels") goes by, raw names first."""
     if split not in SPLIT_PREFIX:
-        raise ValueError(f"MNIST split must be one of {sorted(SPLIT_PREFIX)}, got {split!r}")
+        raise ConfigError(f"MNIST split must be one of {sorted(SPLIT_PREFIX)}, got {split!r}")
     stem = f"{SPLIT_PREFIX[split]}-{kind}"
     idx = "idx3-ubyte" if kind == "images" else "idx1-ubyte"
     bases = [f"{stem}-{idx}", f"{stem}.{idx}"]  # yann.lecun.com's names; some mirrors use a dot

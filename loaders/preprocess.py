@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .adapt import SampleAdapter
+from .errors import ConfigError
 
 _SCALE_FORMS = "a number (0.00392) or a fraction (1/255)"
 _NORMALIZE_FORMS = (
@@ -25,7 +26,7 @@ def _values(v, what: str) -> np.ndarray | None:
     except (TypeError, ValueError):
         arr = None
     if arr is None or arr.size == 0 or not np.isfinite(arr).all():
-        raise ValueError(f"Preprocess {what} must be a finite number or one per channel, got {v!r}")
+        raise ConfigError(f"Preprocess {what} must be a finite number or one per channel, got {v!r}")
     return arr
 
 
@@ -51,23 +52,23 @@ class Preprocess:
         try:
             self.dtype = None if dtype is None else np.dtype(dtype)
         except TypeError as e:
-            raise ValueError(f"Preprocess dtype must be a numpy dtype or None, got {dtype!r}") from e
+            raise ConfigError(f"Preprocess dtype must be a numpy dtype or None, got {dtype!r}") from e
         if scale is not None and not (isinstance(scale, (int, float, np.number)) and math.isfinite(scale)):
-            raise ValueError(f"Preprocess scale must be a finite number, got {scale!r}")
+            raise ConfigError(f"Preprocess scale must be a finite number, got {scale!r}")
         self.scale = None if scale is None else float(scale)
         self.mean, self.std = _values(mean, "mean"), _values(std, "std")
         if self.std is not None and (self.std <= 0).any():
-            raise ValueError(f"Preprocess std must be > 0, got {std!r}")
+            raise ConfigError(f"Preprocess std must be > 0, got {std!r}")
         arithmetic = self.scale is not None or self.mean is not None or self.std is not None
         if arithmetic and self.dtype is not None and self.dtype.kind != "f":
-            raise ValueError(f"Preprocess scale, mean and std need a float dtype, got {self.dtype}")
+            raise ConfigError(f"Preprocess scale, mean and std need a float dtype, got {self.dtype}")
         if adapter is not None and adapter.model_shape:
             self._check_channels(adapter.model_shape[0], "the model's input channels (model_shape[0])")
 
     def _check_channels(self, channels: int, what: str) -> None:
         for name, v in (("mean", self.mean), ("std", self.std)):
             if v is not None and v.size not in (1, channels):
-                raise ValueError(
+                raise ConfigError(
                     f"Preprocess {name} has {v.size} values; {what} is {channels}: give one value for "
                     f"every channel or {channels}"
                 )
@@ -86,7 +87,7 @@ class Preprocess:
         if self.scale is None and self.mean is None and self.std is None:
             return np.ascontiguousarray(x, dtype=dtype), y
         if dtype.kind != "f":
-            raise ValueError(f"Preprocess scale, mean and std need float data; X is {dtype} (give dtype=)")
+            raise ConfigError(f"Preprocess scale, mean and std need float data; X is {dtype} (give dtype=)")
         x = np.array(x, dtype=dtype, order="C")  # a copy: the steps below work in place
         if self.scale is not None:
             x *= x.dtype.type(self.scale)
@@ -107,9 +108,9 @@ def _number(text: str, what: str, forms: str) -> float:
     try:
         value = float(num) / float(den) if slash else float(t)
     except (ValueError, ZeroDivisionError):
-        raise ValueError(f"{what} {text!r} is not a number; accepted: {forms}") from None
+        raise ConfigError(f"{what} {text!r} is not a number; accepted: {forms}") from None
     if not math.isfinite(value):
-        raise ValueError(f"{what} {text!r} is not a finite number; accepted: {forms}")
+        raise ConfigError(f"{what} {text!r} is not a finite number; accepted: {forms}")
     return value
 
 
@@ -117,7 +118,7 @@ def parse_scale(text: str) -> float:
     """'0.00392' or '1/255' -> the factor pixels are multiplied by (a positive finite number)."""
     value = _number(text, "scale", _SCALE_FORMS)
     if value <= 0:
-        raise ValueError(f"scale {text!r} must be > 0; accepted: {_SCALE_FORMS}")
+        raise ConfigError(f"scale {text!r} must be > 0; accepted: {_SCALE_FORMS}")
     return value
 
 
@@ -125,16 +126,16 @@ def parse_normalize(text: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """'MEAN,STD' ('0.5,0.25') or per channel ('0.485:0.456:0.406,0.229:0.224:0.225') -> (means, stds)."""
     halves = text.split(",")
     if len(halves) != 2 or not all(h.strip() for h in halves):
-        raise ValueError(f"normalize {text!r}: expected {_NORMALIZE_FORMS}")
+        raise ConfigError(f"normalize {text!r}: expected {_NORMALIZE_FORMS}")
     mean, std = (
         tuple(_number(v, f"normalize {text!r}: value", _NORMALIZE_FORMS) for v in h.split(":"))
         for h in halves
     )
     if len(mean) != len(std) and 1 not in (len(mean), len(std)):
-        raise ValueError(
+        raise ConfigError(
             f"normalize {text!r}: {len(mean)} means but {len(std)} stds; give one per channel of each, "
             f"or one value for all channels; accepted: {_NORMALIZE_FORMS}"
         )
     if any(s <= 0 for s in std):
-        raise ValueError(f"normalize {text!r}: std must be > 0; accepted: {_NORMALIZE_FORMS}")
+        raise ConfigError(f"normalize {text!r}: std must be > 0; accepted: {_NORMALIZE_FORMS}")
     return mean, std

@@ -26,8 +26,8 @@ from urllib.parse import quote
 
 import numpy as np
 
-from .errors import DataError
-from .views import IDataView
+from .errors import ConfigError, DataError
+from .views import IDataView, check_finite
 
 FORMAT = "edgetrain.sample-store"
 VERSION = 1
@@ -84,21 +84,43 @@ def _sample(x, y, path: str) -> tuple[tuple, tuple]:
     return _encode(x, _X_KINDS, "x", path), _encode(y, _Y_KINDS, "label y", path)
 
 
+class _Damaged(Exception):
+    """A stored array that is not what was written (its words go into the DataError naming the sample)."""
+
+
+# the dtype names a store holds: what _encode writes (numpy's names; no object, text, void or long double), in a
+# table, so that a name from the file never reaches np.dtype()
+_DTYPES = {
+    np.dtype(t).name: np.dtype(t).newbyteorder("<")
+    for t in ("?", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", "f4", "f8", "c8", "c16")
+}
+_MAX_SHAPE_TEXT = 400  # '[' + 32 dimensions of 10 digits + commas: a shape is short
+_MAX_DIMS = 32  # numpy 1.24's limit
 _LAYOUTS: dict[tuple, tuple[np.dtype, tuple[int, ...]]] = {}
 
 
-def _layout(dtype: str, shape: str, kinds: str) -> tuple[np.dtype, tuple[int, ...]]:
+def _layout(dtype, shape, kinds: str) -> tuple[np.dtype, tuple[int, ...]]:
     key = (dtype, shape, kinds)
     if key not in _LAYOUTS:
         if len(_LAYOUTS) > 4096:
             _LAYOUTS.clear()
-        # a name from the file is checked before numpy sees it: never an object dtype, whatever the file says
-        dt = np.dtype(dtype).newbyteorder("<") if isinstance(dtype, str) and dtype.isalnum() else None
-        dims = json.loads(shape) if isinstance(shape, str) else None
-        if dt is None or dt.kind not in kinds or not isinstance(dims, list):
-            raise ValueError(f"dtype {dtype!r} shape {shape!r}")
-        if not all(type(d) is int and d >= 0 for d in dims):
-            raise ValueError(f"shape {shape!r}")
+        if dtype is None and shape is None:
+            raise _Damaged("nothing stored")
+        dt = _DTYPES.get(dtype) if isinstance(dtype, str) else None
+        if dt is None or dt.kind not in kinds:
+            raise _Damaged(f"dtype {str(dtype)[:40]!r} is not one a store holds")
+        if not isinstance(shape, str) or len(shape) > _MAX_SHAPE_TEXT:
+            raise _Damaged(f"shape {str(shape)[:40]!r} is not a short JSON list")
+        try:
+            dims = json.loads(shape)
+        except (ValueError, RecursionError):
+            dims = None
+        if not (
+            isinstance(dims, list)
+            and len(dims) <= _MAX_DIMS
+            and all(type(d) is int and 0 <= d < 2**31 for d in dims)
+        ):
+            raise _Damaged(f"shape {shape[:40]!r} is not a list of up to {_MAX_DIMS} sizes")
         _LAYOUTS[key] = dt, tuple(dims)
     return _LAYOUTS[key]
 
@@ -107,10 +129,17 @@ def _check(dtype, shape, data, crc, kinds: str) -> tuple[np.dtype, tuple[int, ..
     """A stored array's layout, after checking that its bytes are those written (size and crc)."""
     dt, dims = _layout(dtype, shape, kinds)
     if not isinstance(data, bytes) or len(data) != dt.itemsize * math.prod(dims):
-        raise ValueError("size")
-    if zlib.crc32(data, zlib.crc32(f"{dtype}{shape}".encode())) != crc:
-        raise ValueError("crc32")
+        size = len(data) if isinstance(data, bytes) else type(data).__name__
+        raise _Damaged(f"{size} bytes for {dt.name} {list(dims)}")
+    if type(crc) is not int or zlib.crc32(data, zlib.crc32(f"{dtype}{shape}".encode())) != crc:
+        raise _Damaged("crc32")
     return dt, dims
+
+
+def _short(value) -> str:
+    """A value read from a file, for a message: its repr, cut short."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _native(a: np.ndarray) -> np.ndarray:
@@ -132,9 +161,14 @@ class StoreView(IDataView):
     Refreshing the store does not change it. A sample deleted since the view was made gives a DataError when
     read (make the view again: store.refresh() then store.split() or store.snapshot())."""
 
+    finite_checked = True  # batches refuse NaN and inf, naming the sample id
+
     def __init__(self, store: SampleStore, ids, source: str | None = None):
         self.store = store
-        self.ids = np.array(ids, dtype=np.int64).reshape(-1)
+        try:
+            self.ids = np.array(ids, dtype=np.int64).reshape(-1)
+        except (TypeError, ValueError, OverflowError) as e:
+            raise ConfigError(f"StoreView ids must be sample ids (integers), got {ids!r:.80} ({e})") from None
         self.source = source if source is not None else f"{store.path} [{self.ids.size} samples]"
 
     def get_item(self, idx: int) -> tuple[np.ndarray, np.ndarray]:
@@ -160,15 +194,17 @@ class SampleStore(IDataView):
     split()/snapshot() views, which keep their ids). Thread-safe; one store object per process is enough.
     """
 
+    finite_checked = True
+
     def __init__(self, path: str | os.PathLike, *, create: bool = True, timeout: float = 30.0):
         self.path = self.source = os.fspath(path)
         if not (isinstance(timeout, (int, float)) and 0 <= timeout < math.inf):
-            raise ValueError(f"SampleStore timeout must be a number of seconds >= 0, got {timeout!r}")
+            raise ConfigError(f"SampleStore timeout must be a number of seconds >= 0, got {timeout!r}")
         self.timeout = float(timeout)
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
         self._snap = np.zeros(0, dtype=np.int64)
-        self._check_file(create)
+        self._pages = self._check_file(create)  # pages the file held before we opened it (0: new or empty)
         uri = f"file:{quote(os.path.abspath(self.path))}?mode={'rwc' if create else 'rw'}"
         try:
             self._conn = sqlite3.connect(
@@ -191,16 +227,21 @@ class SampleStore(IDataView):
             self.path,
         )
 
-    def _check_file(self, create: bool) -> None:
+    def _check_file(self, create: bool) -> int:
+        """Refuses what is not an SQLite file; returns how many pages it holds (0 for none or an empty file)."""
         path = self.path
         if os.path.isdir(path):
             raise DataError(f"{path}: a directory, not a sample store file; name a file in it", path)
         if not os.path.exists(path):
             if not create:
                 raise DataError(f"{path}: no sample store there (no such file); create=True makes one", path)
-            return
-        with open(path, "rb") as f:
-            head = f.read(100)
+            return 0
+        try:
+            with open(path, "rb") as f:
+                head = f.read(100)
+                size = os.fstat(f.fileno()).st_size
+        except OSError as e:
+            raise DataError(f"{path}: cannot read the sample store ({e.strerror or e})", path) from e
         cut = 0 < len(head) < 100 and (head.startswith(_SQLITE_MAGIC) or _SQLITE_MAGIC.startswith(head))
         if head and not cut and not head.startswith(_SQLITE_MAGIC):
             raise self._not_ours(f"not an SQLite database (it starts with {head[:16]!r})")
@@ -210,6 +251,9 @@ class SampleStore(IDataView):
                 f"move it away (the samples in it are lost) and start a new store",
                 path,
             )
+        page = int.from_bytes(head[16:18], "big") if head else 0
+        page = 65536 if page == 1 else page
+        return -(-size // page) if page >= 512 else (1 if size else 0)
 
     def _setup(self, create: bool) -> None:
         with self._db("opening") as conn:
@@ -227,6 +271,13 @@ class SampleStore(IDataView):
             if not tables:  # a new (or empty) file: another process may be creating it now too
                 if not create:
                     raise self._not_ours("an empty file (create=True makes a new store in it)")
+                if self._pages > 1:  # an empty database made by a tool has one page: this lost its tables
+                    raise DataError(
+                        f"{self.path}: damaged: an SQLite file of {self._pages} pages whose schema lists no "
+                        f"tables; it was left untouched: move it away (keep it, SQLite's .recover may save "
+                        f"samples) and start a new store",
+                        self.path,
+                    )
                 with self._transaction(conn):  # the busy timeout covers BEGIN IMMEDIATE: one creator wins
                     if not self._tables(conn):
                         for statement in _SCHEMA:
@@ -239,6 +290,14 @@ class SampleStore(IDataView):
             self._check_format(conn, tables)  # before anything is changed in a file that may not be ours
             # new, or a copy that a tool turned back to a rollback journal
             if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                if self._pages > 1:  # switching rewrites the header: not in a file that may be damaged
+                    found = [str(r[0]) for r in conn.execute("PRAGMA quick_check(3)")]
+                    if found != ["ok"]:
+                        raise DataError(
+                            f"{self.path}: damaged ({'; '.join(found)}); it was left untouched: move it away "
+                            f"(keep it) and start a new store",
+                            self.path,
+                        )
                 self._to_wal(conn)
 
     def _to_wal(self, conn: sqlite3.Connection) -> None:
@@ -270,15 +329,19 @@ class SampleStore(IDataView):
             names = ", ".join(sorted(t for t in tables if not t.startswith("sqlite_")))
             raise self._not_ours(f"an SQLite database of something else (no meta table; its tables: {names})")
         try:
-            meta = dict(conn.execute("SELECT key, value FROM meta"))
+            meta = dict(conn.execute("SELECT key, value FROM meta WHERE key IN ('format', 'version')"))
         except (sqlite3.OperationalError, ValueError, TypeError):
             raise self._not_ours(
                 "an SQLite database of something else (its meta table is not ours)"
             ) from None
         if meta.get("format") != FORMAT:
-            raise self._not_ours(f"its meta table says format {meta.get('format')!r}, not {FORMAT!r}")
+            raise self._not_ours(f"its meta table says format {_short(meta.get('format'))}, not {FORMAT!r}")
         version = meta.get("version")
-        if not (isinstance(version, str) and version.isdigit() and int(version) >= 1):
+        if not (isinstance(version, str) and version.isascii() and version.isdigit() and len(version) < 10):
+            raise DataError(
+                f"{self.path}: damaged: its format version {_short(version)} is not a number >= 1", self.path
+            )
+        if int(version) < 1:
             raise DataError(
                 f"{self.path}: damaged: its format version {version!r} is not a number >= 1", self.path
             )
@@ -289,6 +352,11 @@ class SampleStore(IDataView):
                 self.path,
             )
         for table, columns in _COLUMNS.items():
+            if table not in tables:  # a view or a virtual table of that name could run anything
+                raise DataError(
+                    f"{self.path}: damaged: no table {table} (the samples); move it away and start a new store",
+                    self.path,
+                )
             have = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
             if not columns <= have:
                 raise DataError(
@@ -365,7 +433,7 @@ class SampleStore(IDataView):
         """Stores all the samples in one transaction (all or none: a bad one adds nothing); their ids, in order."""
         xs, ys = list(xs), list(ys)
         if len(xs) != len(ys):
-            raise ValueError(f"add_many got {len(xs)} samples but {len(ys)} labels")
+            raise ConfigError(f"add_many got {len(xs)} samples but {len(ys)} labels")
         rows = [_sample(x, y, self.path) for x, y in zip(xs, ys)]
         created = time.time()
         with self._db(f"adding {len(rows)} samples") as conn, self._transaction(conn):
@@ -385,7 +453,12 @@ class SampleStore(IDataView):
     def ids(self) -> list[int]:
         """The ids committed now (by any process), ascending."""
         with self._db("listing ids") as conn:
-            return [r[0] for r in conn.execute("SELECT id FROM samples ORDER BY id")]
+            ids = [r[0] for r in conn.execute("SELECT id FROM samples ORDER BY id")]
+        bad = next((i for i in ids if type(i) is not int), None)
+        if bad is not None or len(set(ids)) != len(ids):
+            what = f"a sample id {_short(bad)}, not an integer" if bad is not None else "repeated sample ids"
+            raise DataError(f"{self.path}: damaged: {what}; move it away and start a new store", self.path)
+        return ids
 
     def created(self, id: int) -> float:
         """When sample `id` was added, in unix seconds."""
@@ -394,6 +467,10 @@ class SampleStore(IDataView):
             row = conn.execute("SELECT created FROM samples WHERE id = ?", (i,)).fetchone()
         if row is None:
             raise DataError(f"{self.path}: no sample with id {i}", self.path)
+        if isinstance(row[0], bool) or not isinstance(row[0], (int, float)):
+            raise DataError(
+                f"{self.path}: damaged: sample {i}'s creation time is {_short(row[0])}", self.path
+            )
         return float(row[0])
 
     def get(self, id: int) -> tuple[np.ndarray, np.ndarray]:
@@ -403,7 +480,7 @@ class SampleStore(IDataView):
             found = conn.execute(_SELECT_XY.format("?"), (i,)).fetchone()
         if found is None:
             raise DataError(f"{self.path}: no sample with id {i}", self.path)
-        x, y = self._decode([found], self.path, xy=True)
+        x, y = self._decode([found], self.path, xy=True, finite=False)
         return x[0, ...], y[0, ...]
 
     def _read(self, ids: np.ndarray, source: str, *, xy: bool) -> list[tuple]:
@@ -428,8 +505,11 @@ class SampleStore(IDataView):
             )
         return [rows[i] for i in ids.tolist()]
 
-    def _decode(self, rows: list[tuple], source: str, *, xy: bool) -> tuple[np.ndarray, ...]:
-        """Rows -> y stacked (and x stacked before it when xy), each one fresh array filled once."""
+    def _decode(
+        self, rows: list[tuple], source: str, *, xy: bool, finite: bool = True
+    ) -> tuple[np.ndarray, ...]:
+        """Rows -> y stacked (and x stacked before it when xy), each one fresh array filled once. finite: NaN or
+        inf is a DataError naming the sample id (get() returns what was stored, exactly; a view trains on it)."""
         parts = [(1, _Y_KINDS, "label")] + ([(5, _X_KINDS, "x")] if xy else [])
         out = []
         for col, kinds, what in parts:
@@ -437,7 +517,7 @@ class SampleStore(IDataView):
             for k, r in enumerate(rows):
                 try:
                     this = _check(r[col], r[col + 1], r[col + 2], r[col + 3], kinds)
-                except (ValueError, TypeError) as e:
+                except _Damaged as e:
                     raise DataError(
                         f"{source}: damaged: sample {r[0]}'s {what} does not match what was stored ({e}); "
                         f"delete the sample, or run integrity_check()",
@@ -446,7 +526,7 @@ class SampleStore(IDataView):
                 if layout is None:
                     layout = this
                     arr = np.empty((len(rows), *layout[1]), dtype=layout[0])
-                    flat = arr.reshape(len(rows), -1).view(np.uint8)
+                    flat = arr.reshape(len(rows), math.prod(layout[1])).view(np.uint8)
                 elif this != layout:
                     raise DataError(
                         f"{source}: samples {first} and {r[0]} have {what}s of different dtype/shape "
@@ -455,6 +535,8 @@ class SampleStore(IDataView):
                         self.path,
                     )
                 flat[k] = np.frombuffer(r[col + 2], dtype=np.uint8)
+            if rows and finite:
+                check_finite(arr, source, what=what, ids=[r[0] for r in rows], path=self.path)
             out.append(_native(arr) if rows else np.zeros(0, np.int64 if col == 1 else np.float32))
         return (out[1], out[0]) if xy else (out[0],)
 
@@ -493,9 +575,9 @@ class SampleStore(IDataView):
         split_score(id, salt) < val_fraction, so its side never changes as samples come and go. Either part may be
         empty (size() 0, labels() empty; a DataLoader refuses it, naming the part): check size() first."""
         if not (isinstance(val_fraction, (int, float)) and 0.0 <= val_fraction <= 1.0):
-            raise ValueError(f"split val_fraction must be a number in [0, 1], got {val_fraction!r}")
+            raise ConfigError(f"split val_fraction must be a number in [0, 1], got {val_fraction!r}")
         if not isinstance(salt, str):
-            raise ValueError(f"split salt must be a str, got {salt!r}")
+            raise ConfigError(f"split salt must be a str, got {salt!r}")
         scores = np.array([split_score(i, salt) for i in self._snap.tolist()], dtype=np.float64)
         val = scores < val_fraction
         n, how = self._snap.size, f"split(val_fraction={val_fraction:g}, salt={salt!r})"
@@ -529,7 +611,7 @@ class SampleStore(IDataView):
                 for col, kinds, what in ((1, _Y_KINDS, "label"), (5, _X_KINDS, "x")):
                     try:
                         _check(r[col], r[col + 1], r[col + 2], r[col + 3], kinds)
-                    except (ValueError, TypeError) as e:
+                    except _Damaged as e:
                         problems.append(f"sample {r[0]}: its {what} does not match what was stored ({e})")
             last = rows[-1][0]
 

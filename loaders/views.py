@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import abc
+import numbers
 from collections.abc import Sequence
 
 import numpy as np
 
-from .errors import DataError
+from .errors import ConfigError, DataError, SampleIndexError
 
 
 class IDataView(abc.ABC):
@@ -18,6 +19,9 @@ class IDataView(abc.ABC):
     """
 
     source: str = "<data view>"
+    # True when the view refuses non-finite values as it reads them (every view of this package does); a
+    # DataLoader checks each batch of any other view
+    finite_checked: bool = False
 
     @abc.abstractmethod
     def get_item(self, idx: int) -> tuple[np.ndarray, np.ndarray]:
@@ -42,7 +46,7 @@ class IDataView(abc.ABC):
         if i < 0:
             i += n
         if not 0 <= i < n:
-            raise IndexError(f"index {idx} out of range for {self.source} of {n} samples")
+            raise SampleIndexError(f"index {idx} out of range for {self.source} of {n} samples", self.source)
         return self.get_item(i)
 
     def __len__(self) -> int:
@@ -50,6 +54,56 @@ class IDataView(abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.source!r}, {self.size()} samples)"
+
+
+_FINITE_CHUNK = 1 << 22  # values checked at a time: a 4 MiB mask, whatever the array's size
+
+
+def first_nonfinite(a: np.ndarray) -> tuple[int, tuple[int, ...], float, int] | None:
+    """None when every value of `a` (float or complex) is finite, else (sample index along axis 0, position
+    within that sample, the value, the number of samples that hold one). One pass, in bounded chunks."""
+    a = np.asarray(a)
+    if a.dtype.kind not in "fc" or a.size == 0:
+        return None
+    if a.ndim == 0:
+        a = a.reshape(1)
+    per = max(1, a.size // a.shape[0])
+    step = max(1, _FINITE_CHUNK // per)
+    first, count = None, 0
+    for start in range(0, a.shape[0], step):
+        bad = ~np.isfinite(a[start : start + step]).reshape(-1, per).all(axis=1)
+        if bad.any():
+            rows = np.flatnonzero(bad)
+            count += int(rows.size)
+            if first is None:
+                i = start + int(rows[0])
+                sample = a[i]
+                pos = np.unravel_index(int(np.flatnonzero(~np.isfinite(sample).reshape(-1))[0]), sample.shape)
+                first = (
+                    i,
+                    tuple(int(p) for p in pos),
+                    complex(sample[pos]) if a.dtype.kind == "c" else float(sample[pos]),
+                )
+    return None if first is None else (*first, count)
+
+
+def check_finite(
+    a: np.ndarray, source: str, *, what: str = "feature", ids=None, path: str | None = None
+) -> None:
+    """DataError naming `source` and the first sample of `a` (along axis 0) that holds NaN or inf, with its
+    position and how many samples do; `ids` (optional) names samples by id instead of by index."""
+    found = first_nonfinite(a)
+    if found is None:
+        return
+    i, pos, value, count = found
+    name = f"sample {i}" if ids is None else f"sample id {int(ids[i])}"
+    at = f" at position {list(pos)}" if pos else ""
+    n = np.shape(a)[0] if np.ndim(a) else 1
+    raise DataError(
+        f"{source}: {name} holds a non-finite {what} ({value}{at}); {count} of {n} samples do. NaN and inf "
+        f"cannot be trained on: fix or drop those samples",
+        source if path is None else path,
+    )
 
 
 def _labels_array(y: np.ndarray) -> np.ndarray:
@@ -64,8 +118,11 @@ def _labels_array(y: np.ndarray) -> np.ndarray:
 class ArrayDataView(IDataView):
     """Samples from two arrays: x[i] and y[i] (x of shape [n, ...], y of shape [n] or [n, ...]).
 
-    Integer labels become int64. A batch is one np.take on each array. `num_classes` checks the labels.
+    Integer labels become int64. A batch is one np.take on each array. `num_classes` checks the labels. NaN or
+    inf in x or in float labels is a DataError naming the first sample that holds one (one pass over the arrays).
     """
+
+    finite_checked = True
 
     def __init__(self, x, y, *, num_classes: int | None = None, source: str = "<arrays>"):
         x, y = np.asarray(x), np.asarray(y)
@@ -79,6 +136,8 @@ class ArrayDataView(IDataView):
         if x.shape[0] == 0:
             raise DataError(f"{source}: empty dataset (0 samples)", source)
         self.x, self.y = x, _labels_array(y)
+        check_finite(self.x, source)
+        check_finite(self.y, source, what="label")
         if num_classes is not None:
             check_labels(self, num_classes)
 
@@ -101,16 +160,19 @@ class SubsetView(IDataView):
     def __init__(self, view: IDataView, indices):
         idx = np.asarray(indices)
         if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
-            raise ValueError(
+            raise ConfigError(
                 f"SubsetView indices must be a 1-D sequence of integers, got {idx.dtype} {idx.shape}"
             )
         idx = idx.astype(np.intp, copy=False)
         n = view.size()
         if idx.size and (idx.min() < 0 or idx.max() >= n):
             bad = idx[(idx < 0) | (idx >= n)][0]
-            raise ValueError(f"SubsetView index {bad} out of range for {view.source} of {n} samples")
+            raise SampleIndexError(
+                f"SubsetView index {bad} out of range for {view.source} of {n} samples", view.source
+            )
         self.view, self.indices = view, idx
         self.source = f"{view.source}[subset of {idx.size}]"
+        self.finite_checked = bool(getattr(view, "finite_checked", False))
 
     def get_item(self, idx: int) -> tuple[np.ndarray, np.ndarray]:
         return self.view.get_item(int(self.indices[idx]))
@@ -133,7 +195,7 @@ def split(view: IDataView, fractions: Sequence[float] = (0.8, 0.2), seed: int | 
     """
     fr = np.asarray(fractions, dtype=np.float64)
     if fr.ndim != 1 or fr.size == 0 or (fr <= 0).any() or abs(fr.sum() - 1.0) > 1e-6:
-        raise ValueError(f"split fractions must be positive and add up to 1, got {tuple(fractions)}")
+        raise ConfigError(f"split fractions must be positive and add up to 1, got {tuple(fractions)}")
     n = view.size()
     order = np.arange(n) if seed is None else np.random.default_rng(seed).permutation(n)
     bounds = np.rint(np.cumsum(fr) * n).astype(np.int64)
@@ -148,8 +210,16 @@ def split(view: IDataView, fractions: Sequence[float] = (0.8, 0.2), seed: int | 
     return [SubsetView(view, np.sort(order[a:b])) for a, b in zip(starts, bounds)]
 
 
+def class_count(num_classes) -> int:
+    """A num_classes argument: a positive integer (ConfigError otherwise)."""
+    if isinstance(num_classes, bool) or not isinstance(num_classes, numbers.Integral) or num_classes < 1:
+        raise ConfigError(f"num_classes must be a positive integer, got {num_classes!r}")
+    return int(num_classes)
+
+
 def check_labels(view: IDataView, num_classes: int) -> None:
     """Raise DataError unless every label of `view` is an integer class in [0, num_classes)."""
+    num_classes = class_count(num_classes)
     y = np.asarray(view.labels())
     if y.dtype.kind not in "biu":
         raise DataError(
