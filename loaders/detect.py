@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import csv
 import gzip
+import inspect
 import os
 import zlib
 
 from .csvtable import CsvDataView, _cells, _is_number
-from .errors import DataError
+from .errors import ConfigError, DataError
 from .mnist import GZIP_MAGIC, MnistDataView, find_mnist_files, idx_header
 from .npz import NpzDataView
 from .views import IDataView
@@ -86,7 +87,21 @@ def _open_pair(paths, **kwargs) -> MnistDataView:
             f"found {ndims} dimensions"
         )
     images, labels = paths if ndims[0] == 3 else paths[::-1]
-    return MnistDataView(images, labels, **kwargs)
+    return _make(MnistDataView, images, labels, **kwargs)
+
+
+def _make(cls, *args, **kwargs):
+    """cls(*args, **kwargs), where a keyword the view does not take is a ConfigError naming the file and the view
+    open_data picked (not a TypeError from deep inside)."""
+    params = inspect.signature(cls).parameters
+    unknown = sorted(k for k in kwargs if k not in params)
+    if unknown:
+        takes = [p for p in params if p not in ("self", "path", "images_path", "labels_path", "create")]
+        raise ConfigError(
+            f"{os.fspath(args[0])}: read as {cls.__name__}, which takes no {', '.join(unknown)} (it takes "
+            f"{', '.join(takes)})"
+        )
+    return cls(*args, **kwargs)
 
 
 def open_data(path, **kwargs) -> IDataView:
@@ -96,8 +111,19 @@ def open_data(path, **kwargs) -> IDataView:
       idx file whose partner sits next to it under the MNIST names -> MnistDataView
     - a zip archive (.npz) -> NpzDataView;  a numeric CSV/TSV table, raw or gzip -> CsvDataView
     - an SQLite sample store (the phone app's samples.sqlite) -> SampleStore
-    Other keyword arguments go to the view (num_classes=, x_key=, label_column=, normalize=, ...).
+    Other keyword arguments go to the view (num_classes=, x_key=, label_column=, normalize=, max_bytes=, ...); one
+    the view does not take is a ConfigError. A file that cannot be read is a DataError naming it.
     """
+    try:
+        return _open(path, **kwargs)
+    except OSError as e:  # a permission denied, a file gone meanwhile, an I/O error
+        where = getattr(e, "filename", None) or (path if isinstance(path, (str, os.PathLike)) else None)
+        raise DataError(
+            f"{os.fspath(where) if where else path}: cannot read ({e.strerror or e})", where
+        ) from e
+
+
+def _open(path, **kwargs) -> IDataView:
     if isinstance(path, (tuple, list)):
         if len(path) != 2:
             raise DataError(
@@ -107,7 +133,7 @@ def open_data(path, **kwargs) -> IDataView:
     path = os.fspath(path)
     if os.path.isdir(path):
         images, labels = find_mnist_files(path, kwargs.pop("split", "train"))
-        return MnistDataView(images, labels, **kwargs)
+        return _make(MnistDataView, images, labels, **kwargs)
     if not os.path.isfile(path):
         raise DataError(f"{path}: no such file or directory", path)
     head, compressed = _head(path)
@@ -116,9 +142,9 @@ def open_data(path, **kwargs) -> IDataView:
     ):  # the app's sample store (or a foreign database,
         from .store import SampleStore  # which SampleStore refuses, naming it)
 
-        return SampleStore(path, create=False, **kwargs)
+        return _make(SampleStore, path, create=False, **kwargs)
     if head[:4] in (b"PK\x03\x04", b"PK\x05\x06") and not compressed:
-        return NpzDataView(path, **kwargs)
+        return _make(NpzDataView, path, **kwargs)
     parsed = idx_header(head)
     if parsed is not None:
         ndim = len(parsed[1])
@@ -139,7 +165,7 @@ def open_data(path, **kwargs) -> IDataView:
         delimiter = _csv_delimiter(head, cut=len(head) == _SNIFF_WIDE)
     if delimiter is not None:
         kwargs.setdefault("delimiter", delimiter)
-        return CsvDataView(path, **kwargs)
+        return _make(CsvDataView, path, **kwargs)
     shown = " ".join(f"{b:02x}" for b in head[:8]) or "nothing (empty file)"
     raise DataError(
         f"{path}: unrecognised data (starts with {shown}{', gzip-compressed' if compressed else ''}); open_data "

@@ -88,19 +88,22 @@ class NpzDataView(ArrayDataView):
 
 
 def _cast(a: np.ndarray, dt: np.dtype | None, path: str, key: str) -> np.ndarray:
-    """a as dt; a float value that the new dtype cannot hold (1e39 in float32 becomes inf) is refused."""
+    """a as dt; a finite float that the new dtype cannot hold (1e39 in float32 becomes inf) is refused."""
     if dt is None or a.dtype == dt:
         return a
     if dt.kind == "f" and a.dtype.kind == "f" and a.size and a.ndim:
         big = np.finfo(dt).max
-        if a.max() > big or a.min() < -big:  # two passes, no temporary; NaN compares False (named later)
-            i = int(np.flatnonzero((np.abs(a) > big).reshape(len(a), -1).any(axis=1))[0])
-            value = a[i].reshape(-1)[np.flatnonzero(np.abs(a[i].reshape(-1)) > big)[0]]
-            raise DataError(
-                f"{path}: array {key!r} holds {float(value):g} (sample {i}), beyond {dt} (largest "
-                f"{float(big):g}): it would become inf; scale the data, or pass dtype=None to keep {a.dtype}",
-                path,
-            )
+        if a.max() > big or a.min() < -big:  # two passes, no temporary; NaN compares False
+            over = (np.abs(a) > big) & np.isfinite(a)  # inf itself is named by the finite check, later
+            rows = np.flatnonzero(over.reshape(len(a), -1).any(axis=1))
+            if rows.size:
+                i = int(rows[0])
+                value = a[i].reshape(-1)[np.flatnonzero(over[i].reshape(-1))[0]]
+                raise DataError(
+                    f"{path}: array {key!r} holds {float(value):g} (sample {i}), beyond {dt} (largest "
+                    f"{float(big):g}): it would become inf; scale the data, or pass dtype=None to keep {a.dtype}",
+                    path,
+                )
     try:
         return a.astype(dt, copy=False)
     except MemoryError as e:
@@ -212,7 +215,7 @@ def _read_member(zf: zipfile.ZipFile, path: str, name: str, max_bytes: int) -> n
 def _read_header(f, where: str, path: str) -> tuple[tuple[int, ...], bool, np.dtype, int]:
     """(shape, fortran order, dtype, header size) of the .npy array at the start of stream f, checked."""
     pre = f.read(8)
-    if pre[:6] != NPY_MAGIC:
+    if pre[:6] != NPY_MAGIC or len(pre) < 8:
         raise DataError(
             f"{where} is not a .npy array (it starts with {pre[:8]!r}); NpzDataView reads arrays saved by "
             f"np.savez(path, x=x, y=y)",

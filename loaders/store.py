@@ -291,7 +291,7 @@ class SampleStore(IDataView):
             # new, or a copy that a tool turned back to a rollback journal
             if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
                 if self._pages > 1:  # switching rewrites the header: not in a file that may be damaged
-                    found = [str(r[0]) for r in conn.execute("PRAGMA quick_check(3)")]
+                    found = [" ".join(str(r[0]).split()) for r in conn.execute("PRAGMA quick_check(3)")]
                     if found != ["ok"]:
                         raise DataError(
                             f"{self.path}: damaged ({'; '.join(found)}); it was left untouched: move it away "
