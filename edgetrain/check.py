@@ -150,22 +150,32 @@ def ops_text(width: int = 100) -> str:
 
 
 def check(model: Any, *, batch_size: int | None = 1) -> CheckReport:
-    """Builds the report; never raises for a model that imports (a failure to derive is in the report)."""
+    """Builds the report; never raises for a model that imports (a failure to derive is in the report). A model
+    that does not import is an EdgeTrainError naming the file and the fault."""
+    from .ir import about
+    from .onnx_io import source_of
+
+    with about(source_of(model)):
+        return _check(model, batch_size)
+
+
+def _check(model: Any, batch_size: int | None) -> CheckReport:
     from .autodiff import rules  # noqa: F401  (registers the rule table)
     from .autodiff.context import GradContext, ShapedBuilder
     from .autodiff.driver import RULES, differentiate
     from .convert import read_roles
-    from .onnx_io import from_onnx, load_model
+    from .onnx_io import check_types, from_onnx, load_model, node_shapes
     from .params import FIXED
     from .passes import fold_constants, make_static
 
     proto = load_model(model)
     imported, roles, untied = read_roles(from_onnx(proto))
     params = roles.parameters
-    base = fold_constants(imported, fold_shapes=False, keep=params)
+    base = fold_constants(imported, fold_shapes=False, keep=params, rule=node_shapes)
     roles = roles.finalize(base)
     params = roles.parameters
-    graph = make_static(base, batch_size=batch_size, keep=params)
+    graph = make_static(base, batch_size=batch_size, keep=params, rule=node_shapes)
+    check_types(graph)
     params = [p for p in params if p in graph.initializers]
     active = set(params)
     on_path: Counter = Counter()
@@ -214,7 +224,7 @@ def check(model: Any, *, batch_size: int | None = 1) -> CheckReport:
             "name constants to train with --trainable"
         )
         return report
-    b = ShapedBuilder(graph)
+    b = ShapedBuilder(graph, rule=node_shapes)
     ctx = GradContext(b)
     out = graph.outputs[0]
     if np.dtype(graph.values[out].dtype).kind != "f":

@@ -13,12 +13,12 @@ import numpy as np
 
 from .autodiff.context import ShapedBuilder
 from .autodiff.driver import differentiate
-from .errors import UnsupportedError
-from .ir import Graph, TensorInfo
+from .errors import ShapeError, UnsupportedError
+from .ir import Graph, TensorInfo, about
 from .losses import ILoss
 from .optimizers import IOptimizer, TrainingContext
 from .params import Roles, find_roles, refold_copies, select_trainable, untie_merged
-from .passes import fold_constants, make_static, prune
+from .passes import default_shape_rule, fold_constants, make_static, prune
 from .rebatch import (
     BatchPlan,
     apply_batch_plan,
@@ -136,7 +136,16 @@ def convert(
         raise UnsupportedError(
             f"optimizer must be an IOptimizer (e.g. et.SGD(lr=0.01)), not {type(optimizer).__name__}"
         )
+    source = os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
+    with about(source):  # every fault found on the way names the model file
+        return _convert(model, loss, optimizer, trainable, batch_size, output)
+
+
+def _convert(model, loss, optimizer, trainable, batch_size, output) -> TrainingArtifact:
     provenance: dict[str, Any] = {}
+    rule = (
+        default_shape_rule()
+    )  # onnx's shape inference where onnx is installed: large values stay unallocated
     if isinstance(model, Graph):  # an IR graph (numpy only): made static here
         imported = model
     else:
@@ -151,13 +160,17 @@ def convert(
     # parameter (an embedding table gathered at constant positions stays a table that trains).
     imported, roles, untied = read_roles(imported)
     chosen = select_trainable(roles, trainable)
-    base = fold_constants(imported, fold_shapes=False, keep=set(roles.parameters) | set(chosen))
+    base = fold_constants(imported, fold_shapes=False, keep=set(roles.parameters) | set(chosen), rule=rule)
     roles = roles.finalize(base)
-    plan, notes = _rebatch(base, batch_size)
+    plan, notes = _rebatch(base, batch_size, rule)
     notes = untied + notes
     static_source = base if plan is None else apply_batch_plan(base, plan, batch_size)
-    inference = make_static(static_source, batch_size=batch_size, keep=chosen)
+    inference = make_static(static_source, batch_size=batch_size, keep=chosen, rule=rule)
     inference.verify(static=True)
+    if rule is not None:  # onnx is installed: its schemas say which inputs share a type
+        from .onnx_io import check_types
+
+        check_types(inference)
     prediction = output or inference.outputs[0]
     if prediction not in inference.outputs:
         raise UnsupportedError(
@@ -174,7 +187,7 @@ def convert(
 
     g = inference.copy()
     g.inputs = list(inference.inputs)
-    b = ShapedBuilder(g)
+    b = ShapedBuilder(g, rule=rule)
     lr = b.fresh("lr")
     target = b.fresh("target")
     for name, info in (
@@ -211,7 +224,9 @@ def convert(
         updates[name] = renames[value] = b.fresh(name + UPDATED)
     _rename(graph, renames)
     graph.outputs = [loss_name] + list(inference.outputs) + list(updates.values())
-    graph = prune(fold_constants(graph))  # constant-only pieces the loss or optimizer built, dead branches
+    graph = prune(
+        fold_constants(graph, rule=rule)
+    )  # constant-only pieces the loss or optimizer built, dead branches
     graph.verify(static=True)
     fused = _fused_program(graph, optimizer, ctx, params, grads, loss_name, list(inference.outputs))
     return TrainingArtifact(
@@ -272,15 +287,20 @@ def read_roles(imported: Graph) -> tuple[Graph, Roles, list[str]]:
     return imported, roles, untied + states + refolded
 
 
-def _rebatch(base: Graph, batch_size: int | None) -> tuple[BatchPlan | None, list[str]]:
+def _rebatch(base: Graph, batch_size: int | None, rule=None) -> tuple[BatchPlan | None, list[str]]:
     """The batch plan when batch_size asks for another batch than the one the model was exported with, checked
     sample by sample against the model as exported; and the notes that say what was done."""
     found = fixed_batch(base)
     if batch_size is None or found is None or found[1] == batch_size:
         return None, []
     names, b0 = found
-    plan = find_batch_plan(base, batch_size)
-    verify_batch_plan(base, apply_batch_plan(base, plan, batch_size), plan, batch_size)
+    if b0 == 0:
+        raise ShapeError(
+            f"the model's input '{names[0]}' ({base.values[names[0]]}) has a fixed batch of 0: it holds no sample "
+            "to train on; export it with a batch of 1 or more, or with a dynamic batch"
+        )
+    plan = find_batch_plan(base, batch_size, rule=rule)
+    verify_batch_plan(base, apply_batch_plan(base, plan, batch_size), plan, batch_size, rule=rule)
     shown = ", ".join(f"'{n}' {base.values[n]}" for n in names)
     notes = [
         f"re-batched: the model was exported with a fixed batch of {b0} ({shown}); it trains at batch "

@@ -8,14 +8,16 @@ returns a new one (nodes are immutable; the containers of a Graph are copied by 
 from __future__ import annotations
 
 import heapq
+import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from .errors import ModelError, ShapeError
+from .errors import EdgeTrainError, LimitError, ModelError, ShapeError
 
 Dim = int | str | None  # int: static; str: symbolic (e.g. "N"); None: unknown
 DEFAULT_DOMAIN = ""
@@ -31,6 +33,17 @@ class TensorInfo:
     @property
     def is_static(self) -> bool:
         return self.shape is not None and all(isinstance(d, int) and d >= 0 for d in self.shape)
+
+    @property
+    def nbytes(self) -> int | None:
+        """The bytes a value of this static shape holds, as an exact Python int (no int64 overflow); None when
+        the shape is not static. A string (object) element counts as one pointer."""
+        if not self.is_static:
+            return None
+        n = np.dtype(self.dtype).itemsize
+        for d in self.shape:  # type: ignore[union-attr]
+            n *= int(d)
+        return n
 
     def __str__(self) -> str:
         dims = "?" if self.shape is None else "x".join("?" if d is None else str(d) for d in self.shape)
@@ -152,6 +165,22 @@ class Graph:
                 info = self.values.get(name)
                 if info is None or not info.is_static:
                     raise ShapeError(f"value '{name}' has no static shape ({info})")
+
+
+@contextmanager
+def about(source: str | os.PathLike | None) -> Iterator[None]:
+    """Prefixes the message of every EdgeTrainError raised inside with `source` (the model file the user named)
+    when it does not name it already, so that a fault found deep in a pass still says which file it is in; the
+    exception keeps its class and attributes."""
+    try:
+        yield
+    except EdgeTrainError as e:
+        where = os.fspath(source) if source is not None else ""
+        if where and e.args and isinstance(e.args[0], str) and where not in e.args[0]:
+            e.args = (f"{where}: {e.args[0]}", *e.args[1:])
+        if where and isinstance(e, LimitError) and e.path is None:
+            e.path = where
+        raise
 
 
 def toposort(nodes: Sequence[Node], available: Iterable[str]) -> list[Node]:

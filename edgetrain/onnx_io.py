@@ -15,11 +15,13 @@ from typing import Any
 
 import numpy as np
 
+from . import passes
 from .alternatives import explain, no_kernel_message
-from .errors import ModelError, UnsupportedError
-from .ir import Graph, GraphBuilder, Node, TensorInfo
+from .errors import ModelError, ModelLimitError, ShapeError, UnsupportedError
+from .ir import Graph, GraphBuilder, Node, TensorInfo, about, toposort
 from .ops import record
-from .passes import contiguous, make_static
+from .passes import check_size, contiguous, make_static, size_text
+from .runtime.kernels import KERNELS
 from .runtime.kernels.registry import PRIVATE_DOMAIN
 
 try:
@@ -34,37 +36,358 @@ MIN_OPSET = 7
 CANONICAL_OPSET = 18  # every node is rewritten into its form at max(model opset, this)
 
 
-def load_model(model: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.ModelProto:
-    """Reads a model from a path, bytes or a ModelProto; anything that is not ONNX is a ModelError."""
+def source_of(model: Any) -> str | None:
+    """The file a model comes from, as the user named it (None for bytes or a ModelProto): errors name it."""
+    return os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
+
+
+def load_model(
+    model: str | os.PathLike | bytes | onnx.ModelProto, *, max_bytes: int | None = None
+) -> onnx.ModelProto:
+    """Reads a model from a path, bytes or a ModelProto; anything that is not ONNX is a ModelError. External data
+    is read only from files inside the model's folder, and only after its declared size is checked against
+    max_bytes (edgetrain.passes.MAX_PARAMETER_BYTES by default)."""
     if isinstance(model, onnx.ModelProto):
-        return model
-    if isinstance(model, bytes):
+        proto = model
+    elif isinstance(model, (bytes, bytearray, memoryview)):
         try:
-            return onnx.load_model_from_string(model)
+            proto = onnx.load_model_from_string(bytes(model))
         except Exception as e:
-            raise ModelError(f"the bytes given are not an ONNX model ({type(e).__name__}: {e})") from e
-    if not isinstance(model, (str, os.PathLike)):
+            raise ModelError(f"the bytes given are not an ONNX model ({_why(e)})") from e
+    elif not isinstance(model, (str, os.PathLike)):
         raise ModelError(f"a model is a file path, bytes or onnx.ModelProto, not {type(model).__name__}")
-    path = Path(model)
-    if not path.is_file():
-        raise ModelError(
-            f"model file '{path}' does not exist"
-            if not path.exists()
-            else f"'{path}' is a directory, not an ONNX model file"
-        )
-    try:
-        proto = onnx.load(str(path))
-    except Exception as e:
-        raise ModelError(
-            f"'{path}' is not an ONNX model: it does not parse as an ONNX ModelProto "
-            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'no detail'})"
-        ) from e
+    else:
+        path = Path(model)
+        if not path.is_file():
+            raise ModelError(
+                f"model file '{path}' does not exist"
+                if not path.exists()
+                else f"'{path}' is a directory, not an ONNX model file"
+            )
+        try:
+            proto = onnx.load(str(path), load_external_data=False)
+        except Exception as e:
+            raise ModelError(
+                f"'{path}' is not an ONNX model: it does not parse as an ONNX ModelProto ({_why(e)})"
+            ) from e
+        _load_external(proto, path, passes.MAX_PARAMETER_BYTES if max_bytes is None else max_bytes)
     if not proto.graph.node and not proto.graph.output:
+        where = f"'{model}'" if isinstance(model, (str, os.PathLike)) else "the model given"
         raise ModelError(
-            f"'{path}' is not an ONNX model: it parses, but holds no graph "
-            "(an empty or foreign protobuf file?)"
+            f"{where} is not an ONNX model: it parses, but holds no graph (an empty or foreign protobuf file?)"
         )
     return proto
+
+
+def _why(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:300] if text else 'no detail'}"
+
+
+def _load_external(proto: onnx.ModelProto, path: Path, max_bytes: int) -> None:
+    """Reads the tensors the model keeps in external files, after checking each one: a file inside the model's
+    folder, its offset and length inside that file, its length what the tensor's shape needs, all together
+    within max_bytes."""
+    from onnx import external_data_helper as ext
+
+    tensors = [t for t in ext._get_all_tensors(proto) if ext.uses_external_data(t)]
+    if not tensors:
+        return
+    folder = path.resolve().parent
+    total = 0
+    for t in tensors:
+        what = f"tensor '{_text(t.name, 'a tensor name')}'"
+        info = {_text(e.key, f"{what}: a key"): _text(e.value, f"{what}: a value") for e in t.external_data}
+        location = info.get("location", "")
+        target = (folder / location).resolve()
+        if not location or os.path.isabs(location) or folder not in target.parents:
+            raise ModelError(
+                f"{what} keeps its data in '{location}', which is not a file inside the model's folder "
+                f"'{folder}'; edgetrain reads external data only from files next to the model"
+            )
+        if not target.is_file():
+            raise ModelError(f"{what} keeps its data in '{location}', which does not exist next to the model")
+        try:
+            offset, length = int(info.get("offset", 0)), info.get("length")
+            length = None if length is None else int(length)
+        except ValueError:
+            raise ModelError(f"{what}: its external data offset or length is not a number ({info})") from None
+        size = target.stat().st_size
+        declared = _declared_bytes(t, what)
+        length = size - offset if length is None else length
+        if offset < 0 or length < 0 or offset + length > size:
+            raise ModelError(
+                f"{what} reads bytes {offset} to {offset + length} of '{location}', which has {size} bytes"
+            )
+        if declared is not None and length != declared:
+            raise ModelError(
+                f"{what} declares {_shape_text(t)} ({declared} bytes) but its external data is {length} bytes"
+            )
+        total += length
+        _check_total(total, max_bytes, what)
+    try:
+        ext.load_external_data_for_model(proto, str(folder))
+    except Exception as e:
+        raise ModelError(f"the model's external data cannot be read ({_why(e)})") from e
+
+
+def _check_total(total: int, limit: int, what: str) -> None:
+    if total > limit:
+        raise ModelLimitError(
+            f"the model's initializers and constants hold {size_text(total)} (as far as {what}), more than "
+            f"the {size_text(limit)} edgetrain reads (edgetrain.passes.MAX_PARAMETER_BYTES, or max_bytes=)",
+            limit=limit,
+            needed=total,
+        )
+
+
+def _text(value: Any, what: str) -> str:
+    """A string field of the protobuf: protobuf hands invalid UTF-8 over as bytes, which no name may be."""
+    if isinstance(value, bytes):
+        raise ModelError(
+            f"{what} is not UTF-8 text ({value[:40]!r}); ONNX names and strings are UTF-8: the file is corrupt, "
+            "or was written by a broken exporter"
+        )
+    return value
+
+
+# ---- validation of the protobuf, before anything is allocated from it -------------------------------------
+
+_DATA_TYPES = {v for v in onnx.TensorProto.DataType.values() if v != onnx.TensorProto.UNDEFINED}
+_PACKED_BITS = {
+    getattr(onnx.TensorProto, n): bits
+    for n, bits in (("INT4", 4), ("UINT4", 4), ("FLOAT4E2M1", 4), ("INT2", 2), ("UINT2", 2))
+    if hasattr(onnx.TensorProto, n)
+}
+
+
+def _type_name(elem_type: int) -> str:
+    try:
+        return onnx.TensorProto.DataType.Name(elem_type)
+    except ValueError:
+        return str(elem_type)
+
+
+def _shape_text(t: onnx.TensorProto) -> str:
+    return f"{_type_name(t.data_type)}{list(t.dims)}"
+
+
+def _declared_bytes(t: onnx.TensorProto, what: str) -> int | None:
+    """The bytes a tensor's dims and type declare (None for strings); ModelError for an unknown type or a
+    negative dimension, ModelLimitError beyond MAX_TENSOR_BYTES."""
+    if t.data_type not in _DATA_TYPES:
+        raise ModelError(
+            f"{what} has element type {t.data_type}, which is no ONNX type (TensorProto.DataType); "
+            "the file is corrupt"
+        )
+    if t.data_type == onnx.TensorProto.STRING:
+        return None
+    dims = [int(d) for d in t.dims]
+    if any(d < 0 for d in dims):
+        raise ModelError(f"{what} declares shape {dims}, with a negative dimension; the file is corrupt")
+    n = span = 1
+    for d in dims:
+        n *= d
+        span *= max(d, 1)  # numpy bounds the dimensions apart from a zero one too
+    bits = _PACKED_BITS.get(t.data_type)
+    itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+    nbytes = (n * bits + 7) // 8 if bits else n * itemsize
+    if max(nbytes, span * itemsize) > passes.MAX_TENSOR_BYTES:
+        raise ModelLimitError(
+            f"{what} declares {_shape_text(t)}: {size_text(max(nbytes, span * itemsize))}, more than the "
+            f"{size_text(passes.MAX_TENSOR_BYTES)} edgetrain allows for one tensor "
+            "(edgetrain.passes.MAX_TENSOR_BYTES)",
+            limit=passes.MAX_TENSOR_BYTES,
+            needed=max(nbytes, span * itemsize),
+        )
+    return nbytes
+
+
+def _check_tensor(t: onnx.TensorProto, what: str) -> int:
+    """Checks a tensor's declared type and shape against the data it holds, before numpy reads it; returns its
+    bytes."""
+    declared = _declared_bytes(t, what)
+    if t.data_location == onnx.TensorProto.EXTERNAL:
+        raise ModelError(
+            f"{what} lives in an external data file that was not loaded; "
+            "load the model from its path, next to its data files"
+        )
+    n = 1
+    for d in t.dims:
+        n *= int(d)
+    if t.HasField("raw_data"):
+        if declared is None:
+            raise ModelError(f"{what} is a string tensor with raw data; ONNX keeps strings in string_data")
+        if len(t.raw_data) != declared:
+            raise ModelError(
+                f"{what} declares {_shape_text(t)} ({declared} bytes) but holds {len(t.raw_data)} bytes of "
+                "raw data; the file is truncated or corrupt"
+            )
+        return declared
+    field = helper.tensor_dtype_to_field(t.data_type)
+    count = len(getattr(t, field))
+    bits = _PACKED_BITS.get(t.data_type)
+    complex_parts = 2 if t.data_type in (onnx.TensorProto.COMPLEX64, onnx.TensorProto.COMPLEX128) else 1
+    expected = (n * bits + 7) // 8 if bits else n * complex_parts
+    if count != expected:
+        raise ModelError(
+            f"{what} declares {_shape_text(t)} ({n} values) but holds {count} in {field}; "
+            "the file is truncated or corrupt"
+        )
+    if declared is None:
+        return sum(len(x) for x in t.string_data)
+    return declared
+
+
+def _check_value_info(vi: onnx.ValueInfoProto, what: str) -> None:
+    name = _text(vi.name, f"the name of a graph {what}")
+    if not name:
+        raise ModelError(f"a graph {what} has an empty name; every ONNX value has a name")
+    t = vi.type
+    if t.WhichOneof("value") != "tensor_type":
+        return  # _value_info says what it is
+    tt = t.tensor_type
+    if tt.elem_type not in _DATA_TYPES and (what == "input" or tt.elem_type):
+        raise ModelError(
+            f"graph {what} '{name}' has element type {tt.elem_type}, which is no ONNX type; the file is corrupt"
+        )
+    if tt.HasField("shape"):
+        for k, d in enumerate(tt.shape.dim):
+            if d.HasField("dim_value") and d.dim_value < 0:
+                raise ModelError(
+                    f"graph {what} '{name}' declares dimension {k} as {d.dim_value}; a dimension is 0 or more, "
+                    "or a symbol such as 'batch'"
+                )
+            _text(d.dim_param, f"a dimension name of graph {what} '{name}'")
+
+
+def _check_graph(proto: onnx.ModelProto, opset: int, max_bytes: int) -> None:
+    """The structure of the graph, before any of it is converted: every name UTF-8 and defined once, every
+    name read defined by a node, an input or an initializer, every output defined, tensors whose data fits
+    their declared shape, attributes of the types their op's schema says, the constants within max_bytes."""
+    g = proto.graph
+    for o in proto.opset_import:
+        _text(o.domain, "an opset domain")
+    _text(g.name, "the graph's name")
+    if not g.output:
+        raise ModelError(
+            "the graph declares no outputs; edgetrain trains a model through its outputs: re-export it with them"
+        )
+    inputs: dict[str, int] = {}
+    for k, vi in enumerate(g.input):
+        _check_value_info(vi, "input")
+        if vi.name in inputs:
+            raise ModelError(f"graph input '{vi.name}' is declared twice (inputs {inputs[vi.name]} and {k})")
+        inputs[vi.name] = k
+    for vi in g.output:
+        _check_value_info(vi, "output")
+    defined: dict[str, str] = {}  # value name -> what defines it, for messages
+    total = 0
+    for k, t in enumerate(g.initializer):
+        name = _text(t.name, f"the name of initializer {k}")
+        if not name:
+            raise ModelError(f"initializer {k} has an empty name; every ONNX value has a name")
+        if name in defined:
+            raise ModelError(
+                f"initializer '{name}' is defined twice ({defined[name]} and initializer {k}); ONNX names are "
+                "unique, and edgetrain will not guess which one the model means: re-export it"
+            )
+        defined[name] = f"initializer {k}"
+        total += _check_tensor(t, f"initializer '{name}'")
+        _check_total(total, max_bytes, f"initializer '{name}'")
+    for name in inputs:
+        defined.setdefault(name, "a graph input")
+    for idx, n in enumerate(g.node):
+        op = _text(n.op_type, f"the op type of node {idx}")
+        domain = _text(n.domain, f"the domain of node {idx}")
+        name = _text(n.name, f"the name of node {idx} ({op})")
+        label = f"node '{name or (n.output[0] if n.output else idx)}' ({op})"
+        for i in n.input:
+            _text(i, f"an input name of {label}")
+        for o in n.output:
+            _text(o, f"an output name of {label}")
+            if o and o in defined:
+                raise ModelError(
+                    f"{label} writes '{o}', which is already defined ({defined[o]}); ONNX values are defined once: "
+                    "rename one of them"
+                )
+            if o:
+                defined[o] = f"written by {label}"
+        total += _check_attributes(n, label, op, domain, opset)
+        _check_total(total, max_bytes, label)
+    for n_idx, n in enumerate(g.node):
+        for i in n.input:
+            if i and i not in defined:
+                label = f"node '{n.name or (n.output[0] if n.output else n_idx)}' ({n.op_type})"
+                raise ModelError(
+                    f"{label} reads '{i}', which no node, graph input or initializer defines; add it (as an "
+                    "initializer or a graph input), or leave the input name empty if it is an optional input"
+                )
+    seen: set[str] = set()
+    for vi in g.output:
+        if vi.name in seen:
+            raise ModelError(f"graph output '{vi.name}' is declared twice")
+        seen.add(vi.name)
+        if vi.name not in defined:
+            raise ModelError(
+                f"graph output '{vi.name}' is defined by no node, graph input or initializer; the outputs "
+                f"the graph's nodes write are: {', '.join(list(_node_outputs(g))[:8]) or 'none'}"
+            )
+
+
+def _node_outputs(g: onnx.GraphProto) -> dict[str, None]:
+    return dict.fromkeys(o for n in g.node for o in n.output if o)
+
+
+_SCHEMA_TYPES = {int(v): v for v in onnx.AttributeProto.AttributeType.values()}
+
+
+def _check_attributes(n: onnx.NodeProto, label: str, op: str, domain: str, opset: int) -> int:
+    """Attribute names, strings and tensors of one node; types as the op's schema says. Returns the bytes of
+    its tensor attributes (a Constant's value)."""
+    schema = None
+    if domain in ("", "ai.onnx") and op in KERNELS:  # an op edgetrain lacks is reported as such, later
+        try:
+            schema = onnx.defs.get_schema(op, max(opset, 1), "")
+        except Exception:
+            schema = None
+    if schema is not None:
+        single = onnx.defs.OpSchema.FormalParameterOption.Single
+        for k, formal in enumerate(schema.inputs):
+            given = n.input[k] if k < len(n.input) else ""
+            if formal.option == single and not given:
+                raise ModelError(
+                    f"{label} gives no value for its input {k} ('{formal.name}'), which {op} requires (ONNX opset "
+                    f"{schema.since_version}); connect it to a value"
+                )
+        if len(n.input) > schema.max_input:
+            raise ModelError(
+                f"{label} has {len(n.input)} inputs; {op} takes at most {schema.max_input} (ONNX opset "
+                f"{schema.since_version})"
+            )
+    size = 0
+    for a in n.attribute:
+        aname = _text(a.name, f"an attribute name of {label}")
+        what = f"{label}: attribute '{aname}'"
+        if a.HasField("t"):
+            size += _check_tensor(a.t, what)
+        for t in a.tensors:
+            size += _check_tensor(t, what)
+        expected = schema.attributes.get(aname) if schema is not None else None
+        if expected is not None and a.type != int(expected.type.value):
+            want = _attr_type_name(int(expected.type.value))
+            raise ModelError(
+                f"{what} is of type {_attr_type_name(a.type)}, but {op}'s '{aname}' is {want} "
+                f"(ONNX opset {schema.since_version}); the file is corrupt, or was written by a broken exporter"
+            )
+    return size
+
+
+def _attr_type_name(t: int) -> str:
+    try:
+        return onnx.AttributeProto.AttributeType.Name(t)
+    except ValueError:
+        return str(t)
 
 
 def _np_dtype(elem_type: int, what: str) -> np.dtype:
@@ -80,16 +403,22 @@ def _np_dtype(elem_type: int, what: str) -> np.dtype:
 
 def _value_info(vi: onnx.ValueInfoProto) -> TensorInfo:
     t = vi.type
-    if t.WhichOneof("value") != "tensor_type":
+    kind = t.WhichOneof("value")
+    if kind != "tensor_type":
         raise UnsupportedError(
-            f"value '{vi.name}' is a {t.WhichOneof('value')}, not a tensor; edgetrain runs tensor graphs only"
+            f"value '{vi.name}' is a {kind}, not a tensor; edgetrain runs tensor graphs only"
+            if kind
+            else f"value '{vi.name}' has no type; declare it as a tensor (onnx.helper.make_tensor_value_info)"
         )
     tt = t.tensor_type
     dtype = _np_dtype(tt.elem_type, f"value '{vi.name}'")
     if not tt.HasField("shape"):
         return TensorInfo(dtype, None)
     dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim)
-    return TensorInfo(dtype, dims)
+    info = TensorInfo(dtype, dims)
+    if all(isinstance(d, int) for d in dims):  # a static shape: bounded now, not when it is allocated
+        check_size(info, f"value '{vi.name}'")
+    return info
 
 
 def _attr_value(a: onnx.AttributeProto, node_label: str, op_type: str = "", domain: str = "") -> Any:
@@ -98,32 +427,56 @@ def _attr_value(a: onnx.AttributeProto, node_label: str, op_type: str = "", doma
         raise UnsupportedError(explain(head, op_type, domain))
     if a.type == onnx.AttributeProto.SPARSE_TENSOR:
         raise UnsupportedError(f"{node_label}: sparse tensor attribute '{a.name}' is not supported")
-    v = helper.get_attribute_value(a)
-    if isinstance(v, bytes):
-        return v.decode("utf-8")
-    if isinstance(v, onnx.TensorProto):
-        return numpy_helper.to_array(v)
+    what = f"{node_label}: attribute '{a.name}'"
+    try:
+        v = helper.get_attribute_value(a)
+    except Exception as e:  # an attribute type the protobuf allows and ONNX does not (UNDEFINED, ...)
+        raise ModelError(f"{what} cannot be read ({_why(e)}); the file is corrupt") from e
     if isinstance(v, list):
-        return [
-            x.decode("utf-8")
-            if isinstance(x, bytes)
-            else numpy_helper.to_array(x)
-            if isinstance(x, onnx.TensorProto)
-            else x
-            for x in v
-        ]
+        return [_attr_item(x, what) for x in v]
+    return _attr_item(v, what)
+
+
+def _attr_item(v: Any, what: str) -> Any:
+    if isinstance(v, bytes):
+        try:
+            return v.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ModelError(
+                f"{what} holds bytes that are not UTF-8 text ({v[:40]!r}); ONNX string attributes are UTF-8: "
+                "the file is corrupt, or was written by a broken exporter"
+            ) from None
+    if isinstance(v, onnx.TensorProto):
+        return _tensor_array(v, what)
     return v
 
 
+def _tensor_array(t: onnx.TensorProto, what: str) -> np.ndarray:
+    """A tensor's values, after its data is checked against its declared shape (no allocation beyond it)."""
+    _check_tensor(t, what)
+    try:
+        arr = numpy_helper.to_array(t)
+    except Exception as e:
+        raise UnsupportedError(f"{what} cannot be read as a numpy array ({_why(e)})") from e
+    if tuple(arr.shape) != tuple(int(d) for d in t.dims):
+        raise ModelError(f"{what} declares {_shape_text(t)} but reads as shape {list(arr.shape)}")
+    return arr
+
+
 def _opset_of(proto: onnx.ModelProto) -> int:
+    if not proto.opset_import:
+        raise ModelError(
+            "the model imports no opset (its opset_import is empty), so the meaning of its ops is unknown; every "
+            "ONNX model names its opset: re-export it, or add onnx.helper.make_opsetid('', N) to opset_import"
+        )
     versions = {o.domain: o.version for o in proto.opset_import}
     opset = versions.get("", versions.get("ai.onnx"))
-    if opset is None:
-        opset = 1 if not proto.opset_import else None
     if opset is None:
         raise UnsupportedError(
             "the model imports no version of the standard ONNX domain; edgetrain runs ai.onnx ops only"
         )
+    if opset < 1:
+        raise ModelError(f"the model imports opset {opset} of the standard ONNX domain; opsets start at 1")
     newest = onnx.defs.onnx_opset_version()
     if opset > newest:
         raise UnsupportedError(
@@ -146,27 +499,31 @@ def _lift_old_opset(g: onnx.GraphProto, opset: int) -> int:
     return MIN_OPSET
 
 
-def from_onnx(model: str | os.PathLike | bytes | onnx.ModelProto) -> Graph:
-    """Converts a model to a Graph in canonical form, shapes as declared (not yet static)."""
-    proto = load_model(model)
+def from_onnx(model: str | os.PathLike | bytes | onnx.ModelProto, *, max_bytes: int | None = None) -> Graph:
+    """Converts a model to a Graph in canonical form, shapes as declared (not yet static). The protobuf is
+    checked first (names, definitions, tensor sizes, attribute types; see _check_graph): a malformed model is a
+    ModelError naming the file and the node or tensor at fault, one whose initializers and constants declare
+    more than max_bytes (edgetrain.passes.MAX_PARAMETER_BYTES by default) a ModelLimitError."""
+    limit = passes.MAX_PARAMETER_BYTES if max_bytes is None else int(max_bytes)
+    with about(source_of(model)):
+        return _from_proto(load_model(model, max_bytes=limit), limit)
+
+
+def _from_proto(proto: onnx.ModelProto, max_bytes: int) -> Graph:
     if proto.functions:
-        proto = onnx.inliner.inline_local_functions(proto)
+        try:
+            proto = onnx.inliner.inline_local_functions(proto)
+        except Exception as e:
+            raise ModelError(f"the model's local functions cannot be inlined ({_why(e)})") from e
     opset = _opset_of(proto)
+    _check_graph(proto, opset, max_bytes)
     g = proto.graph
     if opset < MIN_OPSET:
         opset = _lift_old_opset(g, opset)
     initializers: dict[str, np.ndarray] = {}
     values: dict[str, TensorInfo] = {}
     for t in g.initializer:
-        if t.data_location == onnx.TensorProto.EXTERNAL:
-            raise ModelError(
-                f"initializer '{t.name}' lives in an external data file that was not loaded; "
-                "load the model from its path, next to its data files"
-            )
-        try:
-            arr = numpy_helper.to_array(t)
-        except Exception as e:
-            raise UnsupportedError(f"initializer '{t.name}' cannot be read as a numpy array: {e}") from e
+        arr = _tensor_array(t, f"initializer '{t.name}'")
         initializers[t.name] = contiguous(arr)
         values[t.name] = TensorInfo(arr.dtype, tuple(int(d) for d in arr.shape))
     if g.sparse_initializer:
@@ -206,18 +563,21 @@ def from_onnx(model: str | os.PathLike | bytes | onnx.ModelProto) -> Graph:
         if n.domain not in ("", "ai.onnx"):
             raise UnsupportedError(no_kernel_message(label, n.op_type, n.domain))
         _canonicalize(b, node, opset)
-    return b.finish()
+    graph = b.finish()
+    # ONNX lists nodes in topological order; a graph that does not is sorted, and a cycle is a ModelError
+    graph.nodes = toposort(graph.nodes, available=set(graph.inputs) | set(graph.initializers))
+    return graph
 
 
 def _scope(n: onnx.NodeProto) -> str:
     """The module path torch's dynamo exporter records in a node's metadata (its node names do not carry it):
     "['', 'layer4', 'layer4.0', 'layer4.0.conv1', 'conv2d_16']" -> '/layer4/layer4.0/layer4.0.conv1/conv2d_16'."""
     text = next((p.value for p in n.metadata_props if p.key == "pkg.torch.onnx.name_scopes"), "")
-    if not text:
+    if not text or not isinstance(text, str) or len(text) > 100_000:
         return ""
     try:
         names = ast.literal_eval(text)
-    except (ValueError, SyntaxError):
+    except (ValueError, SyntaxError, TypeError, RecursionError, MemoryError):
         return ""
     if not isinstance(names, list) or not all(isinstance(x, str) for x in names):
         return ""
@@ -229,9 +589,17 @@ def import_model(
     *,
     batch_size: int | None = None,
     shapes: Mapping[str, Sequence[int]] | None = None,
+    max_bytes: int | None = None,
 ) -> Graph:
-    """ONNX model -> static, folded Graph ready for the interpreter (every value has a static shape)."""
-    return make_static(from_onnx(model), batch_size=batch_size, shapes=shapes)
+    """ONNX model -> static, folded Graph ready for the interpreter (every value has a static shape).
+    max_bytes bounds the model's initializers and folded constants (edgetrain.passes.MAX_PARAMETER_BYTES)."""
+    with about(source_of(model)):
+        graph = from_onnx(model, max_bytes=max_bytes)
+        static = make_static(
+            graph, batch_size=batch_size, shapes=shapes, rule=node_shapes, max_bytes=max_bytes
+        )
+        check_types(static)
+        return static
 
 
 def to_onnx(
@@ -328,6 +696,168 @@ def _function_proto(graph: Graph, node: Node, fname: str) -> onnx.FunctionProto:
 def _ir_version_for(opset: int) -> int:
     table = getattr(helper, "OP_SET_ID_VERSION_MAP", {})
     return int(table.get(("ai.onnx", opset), 8))
+
+
+def check_types(graph: Graph) -> None:
+    """The inputs of every node that its op's schema binds to one type variable (Gemm's A, B and C are all T) have
+    one element type: numpy would promote a float64 input times float32 weights silently, and the gradients
+    would not fit the parameters. ModelError naming the node, the values and their types. Needs the values'
+    dtypes: run it on a graph whose shapes are inferred."""
+    variadic = onnx.defs.OpSchema.FormalParameterOption.Variadic
+    for node in graph.nodes:
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        try:
+            schema = onnx.defs.get_schema(node.op_type, graph.opset, "")
+        except Exception:
+            continue
+        variables = {tc.type_param_str for tc in schema.type_constraints}
+        formals = list(schema.inputs)
+        bound: dict[str, tuple[str, np.dtype]] = {}
+        for k, name in enumerate(node.inputs):
+            if k < len(formals):
+                formal = formals[k]
+            elif formals and formals[-1].option == variadic:
+                formal = formals[-1]
+            else:
+                break
+            info = graph.values.get(name) if name else None
+            if info is None or formal.type_str not in variables or not formal.is_homogeneous:
+                continue
+            dtype = np.dtype(info.dtype)
+            first = bound.setdefault(formal.type_str, (name, dtype))
+            if first[1] != dtype:
+                raise ModelError(
+                    f"{node.label}: input '{name}' is {dtype.name} and input '{first[0]}' is {first[1].name}, but "
+                    f"{node.op_type} takes them as one type ({formal.type_str}); cast one of them, or export the "
+                    "model in one precision"
+                )
+
+
+# ---- shapes without running: onnx's shape inference, one node at a time -------------------------------------
+
+
+def node_shapes(node: Node, args: Sequence[Any], opset: int) -> list[TensorInfo | None]:
+    """The shape rule of the build side (edgetrain.passes.ShapeRule): each output's TensorInfo by onnx's shape
+    inference of the node's schema, from its inputs' types and shapes and the values of its small constant
+    inputs (a Reshape's target, a Shape's result); the fused ops by their own rules. None for an output whose
+    shape onnx cannot tell statically; ShapeError for a node onnx finds invalid."""
+    if node.domain == PRIVATE_DOMAIN:
+        return _private_shapes(node, args)
+    unknown: list[TensorInfo | None] = [None] * len(node.outputs)
+    try:
+        schema = onnx.defs.get_schema(node.op_type, opset, node.domain or "")
+    except Exception:
+        return unknown
+    names = [f"in{k}" if a is not None else "" for k, a in enumerate(args)]
+    outs = [f"out{k}" if o else "" for k, o in enumerate(node.outputs)]
+    try:
+        proto = helper.make_node(node.op_type, names, outs, domain=node.domain)
+        for key, value in node.attrs.items():
+            proto.attribute.append(_schema_attribute(schema, key, value))
+        types, data = {}, {}
+        shape_pos = record(node.op_type).shape_inputs
+        for k, a in enumerate(args):
+            if a is None:
+                continue
+            info = a if isinstance(a, TensorInfo) else TensorInfo(a.dtype, a.shape)
+            elem = helper.np_dtype_to_tensor_dtype(np.dtype(info.dtype))
+            types[names[k]] = helper.make_tensor_type_proto(elem, [int(d) for d in info.shape])
+            if isinstance(a, np.ndarray) and a.size <= 4096 and (k in shape_pos or a.dtype.kind in "iub"):
+                data[names[k]] = numpy_helper.from_array(np.ascontiguousarray(a), names[k])
+    except Exception:  # an attribute or dtype onnx cannot express: no rule for this node
+        return unknown
+    try:
+        result = onnx.shape_inference.infer_node_outputs(
+            schema, proto, types, data, opset_imports=[helper.make_opsetid("", opset)]
+        )
+    except Exception as e:
+        raise ShapeError(f"{node.label}: {_why(e)}") from None
+    return [_static_info(result.get(o)) if o else None for o in outs]
+
+
+def _schema_attribute(schema, key: str, value: Any) -> onnx.AttributeProto:
+    spec = schema.attributes.get(key)
+    kind = int(spec.type.value) if spec is not None else None
+    if isinstance(value, np.ndarray):
+        value = numpy_helper.from_array(value)
+    elif kind == onnx.AttributeProto.FLOAT:
+        value = float(value)
+    elif kind == onnx.AttributeProto.FLOATS:
+        value = [float(v) for v in value]
+    return helper.make_attribute(key, value, attr_type=kind)
+
+
+def _static_info(t: onnx.TypeProto | None) -> TensorInfo | None:
+    if t is None or t.WhichOneof("value") != "tensor_type" or not t.tensor_type.elem_type:
+        return None
+    tt = t.tensor_type
+    if not tt.HasField("shape") or not all(
+        d.HasField("dim_value") and d.dim_value >= 0 for d in tt.shape.dim
+    ):
+        return None
+    try:
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type))
+    except Exception:
+        return None
+    return TensorInfo(dtype, tuple(int(d.dim_value) for d in tt.shape.dim))
+
+
+def _private_shapes(node: Node, args: Sequence[Any]) -> list[TensorInfo | None]:
+    """Output shapes of edgetrain's fused backward ops (com.edgetrain), from their inputs' shapes."""
+    infos = [
+        None if a is None else (a if isinstance(a, TensorInfo) else TensorInfo(a.dtype, a.shape))
+        for a in args
+    ]
+    op, at, n = node.op_type, node.attrs, len(node.outputs)
+    out: list[TensorInfo | None] = [None] * n
+
+    def like(k: int) -> TensorInfo | None:
+        return infos[k] if k < len(infos) else None
+
+    if op == "ReluGrad":
+        dy, y = infos[0], infos[1]
+        out[0] = TensorInfo(dy.dtype, tuple(np.broadcast_shapes(dy.shape, y.shape)))
+    elif op == "SoftmaxCrossEntropy":
+        x = infos[0]
+        shape = () if at.get("reduction", "mean") in ("mean", "sum") else tuple(x.shape[:1])
+        out[0] = TensorInfo(x.dtype, shape)
+    elif op == "SoftmaxCrossEntropyGrad":
+        out[0] = infos[0]
+    elif op == "ConvGradInput":
+        dy, w = infos[0], infos[1]
+        c = w.shape[1] * int(at.get("group", 1))
+        out[0] = TensorInfo(dy.dtype, (dy.shape[0], c, *(int(d) for d in at["output_shape"])))
+    elif op == "ConvGradWeight":
+        dy, x = infos[0], infos[1]
+        group = int(at.get("group", 1))
+        out[0] = TensorInfo(
+            dy.dtype, (dy.shape[1], x.shape[1] // group, *(int(d) for d in at["kernel_shape"]))
+        )
+        if n > 1:
+            out[1] = TensorInfo(dy.dtype, (dy.shape[1],))
+    elif op == "MaxPoolGrad":
+        out[0] = TensorInfo(infos[0].dtype, tuple(infos[1].shape))
+    elif op == "AveragePoolGrad":
+        dy = infos[0]
+        out[0] = TensorInfo(dy.dtype, (*dy.shape[:2], *(int(d) for d in at["output_shape"])))
+    elif op in ("LSTMGrad", "GRUGrad", "RNNGrad"):
+        x, w, r = infos[0], infos[1], infos[2]
+        gates = {"LSTMGrad": 4, "GRUGrad": 3, "RNNGrad": 1}[op]
+        d, hidden = w.shape[0], r.shape[2]
+        batch = x.shape[0] if int(at.get("layout", 0)) else x.shape[1]
+        state = (batch, d, hidden) if int(at.get("layout", 0)) else (d, batch, hidden)
+        made = [
+            x,
+            w,
+            r,
+            like(3) or TensorInfo(x.dtype, (d, 2 * gates * hidden)),
+            like(5) or TensorInfo(x.dtype, state),
+        ]
+        if op == "LSTMGrad":
+            made += [like(6) or TensorInfo(x.dtype, state), like(7) or TensorInfo(x.dtype, (d, 3 * hidden))]
+        out = [TensorInfo(x.dtype, tuple(m.shape)) for m in made[:n]] + [None] * max(0, n - len(made))
+    return out
 
 
 # ---- canonicalization: older op versions -> the newest form ------------------------------------------------

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import EdgeTrainError, RebatchError, ShapeError
+from .errors import EdgeTrainError, LimitError, ModelLimitError, RebatchError, ShapeError
 from .ir import Graph, GraphBuilder, Node, TensorInfo
 
 BIG = np.iinfo(np.int64).max
@@ -98,15 +98,23 @@ def _with_batch(graph: Graph, names: list[str], batch: int) -> Graph:
     return graph.copy(values=values)
 
 
-def _run_shapes(graph: Graph, edit=None) -> dict[str, tuple[int, ...]]:
+def _run_shapes(graph: Graph, edit=None, rule=None) -> dict[str, tuple[int, ...]]:
     """Runs the graph node by node on zeros of its input shapes and returns every value's shape; edit(node, env)
-    may return a replacement node (with new constant inputs) before the node runs."""
+    may return a replacement node (with new constant inputs) before the node runs. With a shape rule, a value
+    larger than edgetrain.passes.STANDIN_BYTES is never allocated (see edgetrain.passes.shape_step)."""
+    from .passes import STANDIN_BYTES, check_size, shape_step
     from .runtime.interpreter import compile_step
 
-    env: dict[str, np.ndarray] = dict(graph.initializers)
+    env: dict[str, Any] = dict(graph.initializers)
     for n in graph.inputs:
         info = graph.values[n]
-        env[n] = np.zeros(info.shape, info.dtype)
+        if not info.is_static:
+            raise RebatchError(
+                f"input '{n}' ({info}) has dimensions that are not fixed besides its leading one, which is taken "
+                "for a fixed batch; re-batching needs them fixed: export the model with a dynamic batch"
+            )
+        size = check_size(info, f"input '{n}'")
+        env[n] = info if rule is not None and size > STANDIN_BYTES else np.zeros(info.shape, info.dtype)
     shapes = {k: tuple(v.shape) for k, v in env.items()}
     for node in list(graph.nodes):
         if edit is not None:
@@ -115,32 +123,35 @@ def _run_shapes(graph: Graph, edit=None) -> dict[str, tuple[int, ...]]:
         args = [env[i] if i else None for i in node.inputs]
         try:
             with np.errstate(all="ignore"):
-                out = fn(*args, **kwargs)
+                out = shape_step(node, fn, kwargs, args, rule=rule, opset=graph.opset)
+        except LimitError:
+            raise
         except EdgeTrainError as e:
             raise RebatchError(f"{node.label}: {e}") from e
         except Exception as e:  # a kernel's numpy error on shapes that do not fit
             raise RebatchError(f"{node.label}: {type(e).__name__}: {e}") from e
-        out = out if isinstance(out, tuple) else (out,)
         for o, v in zip(node.outputs, out):
-            if o:
-                env[o] = np.asarray(v)
-                shapes[o] = tuple(env[o].shape)
+            if o and v is not None:
+                env[o] = v
+                shapes[o] = tuple(int(d) for d in v.shape)
     return shapes
 
 
-def find_batch_plan(graph: Graph, batch: int) -> BatchPlan:
+def find_batch_plan(graph: Graph, batch: int, *, rule=None) -> BatchPlan:
     """The edits that move `graph` (its inputs' leading dimension fixed) to `batch`; ShapeError naming the node
     when a baked-in batch cannot be found or rewritten."""
     found = fixed_batch(graph)
     if found is None:
         raise ShapeError("the model's batch dimension is not fixed: nothing to re-batch")
     names, b0 = found
-    old = _run_shapes(graph)
+    old = _run_shapes(graph, rule=rule)
     edits: list[BatchEdit] = []
     b = GraphBuilder(graph)
 
     def edit(node: Node, env: dict[str, np.ndarray], shapes: dict[str, tuple[int, ...]]) -> Node:
         changes = _batch_edits(node, env, old, b0, batch)
+        # only a constant holds a baked-in batch: a shape computed at run time (Shape, Gather, Concat) follows it
+        changes = [c for c in changes if node.inputs[c[0]] in b.graph.initializers]
         if not changes:
             return node
         consts: dict[int, np.ndarray] = {}
@@ -154,7 +165,7 @@ def find_batch_plan(graph: Graph, batch: int) -> BatchPlan:
             env[inputs[pos]] = const
         return node.replace(inputs=tuple(inputs))
 
-    _run_shapes(_with_batch(graph, names, batch), edit)
+    _run_shapes(_with_batch(graph, names, batch), edit, rule)
     return BatchPlan(names, b0, edits)
 
 
@@ -175,7 +186,12 @@ def _batch_edits(node: Node, env, old, b0: int, batch: int) -> list[tuple[int, i
     if pos >= len(node.inputs) or not node.inputs[pos]:
         return []
     const = env.get(node.inputs[pos])
-    if const is None or const.ndim != 1 or const.size == 0 or const.dtype.kind not in "iu":
+    if (
+        not isinstance(const, np.ndarray)
+        or const.ndim != 1
+        or const.size == 0
+        or const.dtype.kind not in "iu"
+    ):
         return []
     c = [int(v) for v in const]
     x = node.inputs[0] if op != "ConstantOfShape" else ""
@@ -185,6 +201,10 @@ def _batch_edits(node: Node, env, old, b0: int, batch: int) -> list[tuple[int, i
         return _reshape_edit(node, c, old_in, new_in, old.get(node.outputs[0]), axis, b0, batch)
     if op == "Slice":  # a full slice along the batch axis, x[0:B0], would cut a larger batch to B0
         axes = env.get(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] else None
+        if not isinstance(env.get(node.inputs[1]), np.ndarray) or (
+            axes is not None and not isinstance(axes, np.ndarray)
+        ):
+            return []
         axes = list(range(len(c))) if axes is None else [int(a) % len(old_in) for a in axes]
         starts = [int(v) for v in env[node.inputs[1]]]
         if axis in axes and starts[axes.index(axis)] == 0 and c[axes.index(axis)] >= old_in[axis]:
@@ -249,13 +269,29 @@ def apply_batch_plan(graph: Graph, plan: BatchPlan, batch: int) -> Graph:
     return out
 
 
+# verify_batch_plan runs the model at both batches: it refuses when that would take more than this
+MAX_VERIFY_BYTES = 2 << 30
+
+
 def verify_batch_plan(
-    graph: Graph, rebatched: Graph, plan: BatchPlan, batch: int, *, samples: int = 4
+    graph: Graph, rebatched: Graph, plan: BatchPlan, batch: int, *, samples: int = 4, rule=None
 ) -> None:
     """Runs the original model (at its batch) and the re-batched one on the same samples and compares each
-    sample's outputs; ShapeError naming the rewritten nodes when they differ."""
-    from .passes import make_static
+    sample's outputs; ShapeError naming the rewritten nodes when they differ. ModelLimitError when running them
+    would take more than MAX_VERIFY_BYTES (the values of both graphs, all together)."""
+    from .passes import make_static, size_text
     from .runtime.interpreter import Interpreter
+
+    static_new, static_old = make_static(rebatched, rule=rule), make_static(graph, rule=rule)
+    need = sum(info.nbytes or 0 for g in (static_new, static_old) for info in g.values.values())
+    if need > MAX_VERIFY_BYTES:
+        raise ModelLimitError(
+            f"re-batching the model from its exported batch {plan.batch} to {batch} is checked by running it at "
+            f"both batches, which would take up to {size_text(need)}, more than the {size_text(MAX_VERIFY_BYTES)} "
+            f"edgetrain allows (edgetrain.rebatch.MAX_VERIFY_BYTES); convert with --batch-size {plan.batch}",
+            limit=MAX_VERIFY_BYTES,
+            needed=need,
+        )
 
     k = min(samples, batch)
     rng = np.random.default_rng(0)
@@ -266,8 +302,8 @@ def verify_batch_plan(
         kind = np.dtype(info.dtype).kind
         x = rng.standard_normal(shape).astype(info.dtype) if kind == "f" else np.zeros(shape, info.dtype)
         feeds_new[n] = x
-    new = Interpreter(make_static(rebatched)).run(feeds_new)
-    orig_prog = Interpreter(make_static(graph))
+    new = Interpreter(static_new).run(feeds_new)
+    orig_prog = Interpreter(static_old)
     b0 = plan.batch
     rows: list[list[np.ndarray]] = [[] for _ in graph.outputs]
     for start in range(0, k, b0):

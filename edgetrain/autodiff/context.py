@@ -11,8 +11,11 @@ import numpy as np
 
 from ..errors import EdgeTrainError, ShapeError
 from ..ir import DEFAULT_DOMAIN, Graph, GraphBuilder, Node, TensorInfo
+from ..passes import default_shape_rule, shape_step
 from ..runtime.kernels import KERNELS
 from ..runtime.kernels.registry import PRIVATE_DOMAIN
+
+_DEFAULT = object()  # ShapedBuilder's rule: onnx's shape inference when onnx is installed
 
 
 class ShapedBuilder(GraphBuilder):
@@ -20,8 +23,14 @@ class ShapedBuilder(GraphBuilder):
 
     Shapes come from executing the new node's kernel once, on the real values of constant inputs and zeros (or
     ones, if zeros fail: an integer division, say) of the right shape for the others: exact for every op the
-    interpreter runs, with no shape function to keep in sync with the kernels.
+    interpreter runs, with no shape function to keep in sync with the kernels. A value larger than
+    edgetrain.passes.STANDIN_BYTES is not allocated: its node's shapes come from onnx's shape inference (and
+    the fused ops' own rules), where onnx is installed (see edgetrain.passes.shape_step).
     """
+
+    def __init__(self, graph: Graph, *, rule: Any = _DEFAULT):
+        super().__init__(graph)
+        self._rule = default_shape_rule() if rule is _DEFAULT else rule
 
     def add(
         self,
@@ -49,23 +58,21 @@ class ShapedBuilder(GraphBuilder):
 
         fn, kwargs = compile_step(node)
         g = self.graph
+        args: list[Any] = []
+        for i in node.inputs:
+            if not i:
+                args.append(None)
+            elif i in g.initializers:
+                args.append(g.initializers[i])
+            else:
+                info = g.values.get(i)
+                assert info is not None and info.is_static, f"{node.label}: input '{i}' has no static shape"
+                args.append(info)
         error: Exception | None = None
         for fill in (np.zeros, np.ones):
-            args = []
-            for i in node.inputs:
-                if not i:
-                    args.append(None)
-                elif i in g.initializers:
-                    args.append(g.initializers[i])
-                else:
-                    info = g.values.get(i)
-                    assert info is not None and info.is_static, (
-                        f"{node.label}: input '{i}' has no static shape"
-                    )
-                    args.append(fill(info.shape, info.dtype))
             try:
                 with np.errstate(all="ignore"):
-                    res = fn(*args, **kwargs)
+                    res = shape_step(node, fn, kwargs, args, fill=fill, rule=self._rule, opset=g.opset)
                 break
             except EdgeTrainError:
                 raise
@@ -73,8 +80,10 @@ class ShapedBuilder(GraphBuilder):
                 error = e
         else:
             raise ShapeError(f"{node.label}: cannot infer output shapes ({type(error).__name__}: {error})")
-        res = res if isinstance(res, tuple) else (res,)
-        return [TensorInfo(np.asarray(r).dtype, tuple(int(d) for d in np.shape(r))) for r in res]
+        return [
+            TensorInfo(np.dtype(r.dtype), tuple(int(d) for d in r.shape)) if r is not None else None
+            for r in res
+        ]
 
 
 class GradContext:
