@@ -212,6 +212,8 @@ class SampleStore(IDataView):
             )
         except sqlite3.Error as e:
             raise self._error("opening", e) from e
+        except UnicodeDecodeError as e:
+            raise DataError(f"{self.path}: opening failed: the file is damaged ({e})", self.path) from e
         try:
             self._setup(create)
             self.refresh()
@@ -392,6 +394,12 @@ class SampleStore(IDataView):
                 yield self._conn
             except sqlite3.Error as e:
                 raise self._error(doing, e) from e
+            except UnicodeDecodeError as e:  # sqlite3 decodes SQLite's message, which can quote damaged bytes
+                raise DataError(
+                    f"{self.path}: {doing} failed: SQLite reported damage in words that are not UTF-8 ({e}); the "
+                    f"file is damaged: move it away (keep it) and start a new store",
+                    self.path,
+                ) from e
 
     @staticmethod
     @contextlib.contextmanager

@@ -528,8 +528,12 @@ def _store_edit(con: sqlite3.Connection, edit) -> None:
     elif kind == "nan":  # a NaN or inf written into a sample, its crc32 recomputed
         _, value, sample = edit
         ids = [r[0] for r in con.execute("SELECT id FROM sample_x ORDER BY id")]
+        if not ids:
+            return
         i = ids[sample % len(ids)]
         d, s, b = con.execute("SELECT x_dtype, x_shape, x FROM sample_x WHERE id = ?", (i,)).fetchone()
+        if not (isinstance(b, bytes) and len(b) % 4 == 0 and b and isinstance(d, str) and isinstance(s, str)):
+            return  # an earlier edit made it something else
         a = np.frombuffer(b, np.float32).copy()
         a[sample % a.size] = value
         con.execute(

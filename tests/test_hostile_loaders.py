@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from device import BUILD_SIDE, PYTHONS, run_on_device
 
 import loaders
 from loaders import (
@@ -51,30 +52,37 @@ CHUNK = 1 << 24
 
 
 # ---- bombs, built at run time without writing gigabytes ------------------------------------------------------
-def deflate_of_zeros(head: bytes, zeros: int, tail: bytes = b"") -> tuple[bytes, int, int]:
-    """(raw deflate stream, crc32, length) of head + `zeros` zero bytes + tail, in about a second for 2 GiB:
-    after a full flush the compressor starts afresh, so every 16 MiB block of zeros compresses to the same bytes,
-    which are repeated instead of compressed again (the stream is what zlib would write with those flushes)."""
+def deflate_repeated(head: bytes, block: bytes, count: int, tail: bytes = b"") -> tuple[bytes, int, int]:
+    """(raw deflate stream, crc32, length) of head + block * count + tail, in about a second for 2 GiB: after a
+    full flush the compressor starts afresh, so every copy of the block compresses to the same bytes, which are
+    repeated instead of compressed again (the stream is the one zlib writes with those flushes)."""
     c = zlib.compressobj(9, zlib.DEFLATED, -15)
     parts = [c.compress(head) + c.flush(zlib.Z_FULL_FLUSH)]
-    block = bytes(CHUNK)
-    n, rest = divmod(zeros, CHUNK)
-    if n:
-        once = c.compress(block) + c.flush(zlib.Z_FULL_FLUSH)
-        parts.append(once * n)
-    parts.append(c.compress(bytes(rest)) + c.compress(tail) + c.flush())
+    if count:
+        parts.append((c.compress(block) + c.flush(zlib.Z_FULL_FLUSH)) * count)
+    parts.append(c.compress(tail) + c.flush())
     crc = zlib.crc32(head)
-    for _ in range(n):
+    for _ in range(count):
         crc = zlib.crc32(block, crc)
-    crc = zlib.crc32(tail, zlib.crc32(bytes(rest), crc))
-    return b"".join(parts), crc, len(head) + zeros + len(tail)
+    return b"".join(parts), zlib.crc32(tail, crc), len(head) + len(block) * count + len(tail)
+
+
+def deflate_of_zeros(head: bytes, zeros: int, tail: bytes = b"") -> tuple[bytes, int, int]:
+    """deflate_repeated of head + `zeros` zero bytes + tail."""
+    n, rest = divmod(zeros, CHUNK)
+    return deflate_repeated(head, bytes(CHUNK), n, bytes(rest) + tail)
+
+
+def gzip_of(deflated: tuple[bytes, int, int], *, isize: int | None = None) -> bytes:
+    """A gzip file around a raw deflate stream (isize= writes a trailer that lies about the length)."""
+    body, crc, length = deflated
+    size = length if isize is None else isize
+    return b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\xff" + body + struct.pack("<II", crc, size % 2**32)
 
 
 def gzip_of_zeros(head: bytes, zeros: int, tail: bytes = b"", *, isize: int | None = None) -> bytes:
-    """A valid gzip file of head + zeros + tail (isize= writes a trailer that lies about the length)."""
-    body, crc, length = deflate_of_zeros(head, zeros, tail)
-    size = length if isize is None else isize
-    return b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\xff" + body + struct.pack("<II", crc, size % 2**32)
+    """A valid gzip file of head + zeros + tail."""
+    return gzip_of(deflate_of_zeros(head, zeros, tail), isize=isize)
 
 
 def idx_head(dims: tuple[int, ...], code: int = 0x08) -> bytes:
@@ -250,13 +258,13 @@ def test_idx_gz_ceiling_is_a_keyword(tmp_path):
 
 def test_csv_gz_bomb_of_1_gib_is_refused_by_its_trailer(tmp_path, report):
     """A 1 MB CSV .gz of 1 GiB of rows: its gzip trailer declares the size, refused without inflating."""
-    row = b"0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,1\n"
+    rows = b"0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,1\n" * (CHUNK // 32)  # 16 MiB of rows
     path = tmp_path / "bomb.csv.gz"
     head = b"a,b,c,d,e,f,g,h,i,j,k,l,m,n,o,label\n"
-    path.write_bytes(gzip_of_zeros(head, 0, row * (GiB // len(row))))
+    path.write_bytes(gzip_of(deflate_repeated(head, rows, 64)))
     assert path.stat().st_size < 3 << 20
     out = in_child("csv", path=str(path))
-    size = len(head) + len(row) * (GiB // len(row))
+    size = len(head) + 64 * CHUNK
     refused_within(out, path, f"declares {size} bytes", "268435456 bytes", "max_bytes=")
     report(
         "bombs",
@@ -266,9 +274,9 @@ def test_csv_gz_bomb_of_1_gib_is_refused_by_its_trailer(tmp_path, report):
 
 def test_csv_gz_bomb_whose_trailer_lies_is_refused_at_the_ceiling(tmp_path, report):
     """The same 1 GiB of rows with a gzip trailer claiming 10 bytes: streamed, refused at 256 MiB inflated."""
-    row = b"0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,1\n"
+    rows = b"0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,1\n" * (CHUNK // 32)
     path = tmp_path / "bomb.csv.gz"
-    path.write_bytes(gzip_of_zeros(b"", 0, row * (GiB // len(row)), isize=10))
+    path.write_bytes(gzip_of(deflate_repeated(b"", rows, 64), isize=10))
     out = in_child("csv", path=str(path))
     refused_within(out, path, "inflates to more than 268435456 bytes")
     report(
@@ -738,3 +746,94 @@ def test_regression_npz_member_of_only_the_magic(tmp_path):
         z.writestr("y.npy", npy_bytes(np.arange(4)))
     with pytest.raises(DataError, match=r"f\.npz: member 'x\.npy' is not a \.npy array"):
         NpzDataView(path)
+
+
+# ---- numpy alone -----------------------------------------------------------------------------------------------
+DEVICE_SCRIPT = """
+import gzip, io, os, sqlite3, struct, tempfile, zipfile
+import numpy as np
+import loaders
+from loaders import ConfigError, DataError, DataLimitError
+
+d = tempfile.mkdtemp()
+def p(name):
+    return os.path.join(d, name)
+
+def refused(cls, make, *words):
+    try:
+        make()
+    except cls as e:
+        assert all(w in str(e) for w in words), (str(e), words)
+        assert isinstance(e, ValueError), type(e).__mro__
+        return
+    raise AssertionError(f"not refused: {words}")
+
+# an idx .gz declaring more than the ceiling; one that holds more than it declares
+with open(p("i.gz"), "wb") as f:
+    f.write(gzip.compress(bytes([0, 0, 8, 3]) + struct.pack(">III", 100, 28, 28) + bytes(100 * 784)))
+refused(DataLimitError, lambda: loaders.read_idx(p("i.gz"), max_bytes=1000), "declares 100 x 28 x 28")
+with open(p("j.gz"), "wb") as f:
+    f.write(gzip.compress(bytes([0, 0, 8, 1]) + struct.pack(">I", 4) + bytes(4000)))
+refused(DataLimitError, lambda: loaders.read_idx(p("j.gz")), "inflates to more than its idx header declares")
+# npz: our own .npy reader (numpy's header parser, numpy 1.24's too)
+np.savez(p("o.npz"), x=np.array([None, 1], dtype=object), y=np.arange(2))
+refused(DataError, lambda: loaders.NpzDataView(p("o.npz")), "holds Python objects")
+np.savez_compressed(p("s.npz"), x=np.zeros(3, [("a", "<i4")]), y=np.arange(3))
+refused(DataError, lambda: loaders.NpzDataView(p("s.npz")), "structured array")
+x = np.arange(12, dtype=np.float64).reshape(6, 2); x[5, 1] = np.nan
+np.savez(p("n.npz"), x=np.asfortranarray(x), y=np.arange(6))
+refused(DataError, lambda: loaders.NpzDataView(p("n.npz")), "sample 5 holds a non-finite feature (nan at position [1])")
+x[5, 1] = 1
+np.savez_compressed(p("f.npz"), x=np.asfortranarray(x), y=np.arange(6))
+v = loaders.NpzDataView(p("f.npz"))
+assert v.x.dtype == np.float32 and v.x.tolist() == x.tolist(), v.x
+# csv: values checked by line and column
+with open(p("t.csv"), "w") as f:
+    f.write("a,b,label\\n1,2,0\\n3,1e39,1\\n")
+refused(DataError, lambda: loaders.CsvDataView(p("t.csv")), "line 3", "'1e39' is beyond float32")
+with open(p("t.csv"), "w") as f:
+    f.write("a,b,label\\n1,2,0\\n3,4,1e30\\n")
+refused(DataError, lambda: loaders.CsvDataView(p("t.csv")), "the label 1e+30 is not an integer class within int64")
+with open(p("g.csv.gz"), "wb") as f:
+    f.write(gzip.compress(b"1,2,0\\n" * 2000))
+refused(DataLimitError, lambda: loaders.CsvDataView(p("g.csv.gz"), max_bytes=1000), "declares 12000 bytes")
+assert len(loaders.open_data(p("g.csv.gz"))) == 2000
+# the store refuses a lying shape, the loader a bad state, a view an index out of range
+with loaders.SampleStore(p("s.db")) as st:
+    st.add_many([np.ones((2, 2), np.float32)] * 3, [0, 1, 2])
+con = sqlite3.connect(p("s.db"))
+con.execute("UPDATE sample_x SET x_shape = '[9]' WHERE id = 2")
+con.commit()
+con.close()
+with loaders.SampleStore(p("s.db"), create=False) as st:
+    refused(DataError, lambda: st.get_batch(np.arange(3)), "sample 2's x does not match what was stored")
+view = loaders.ArrayDataView(np.zeros((4, 2), np.float32), np.arange(4))
+refused(ConfigError, lambda: loaders.DataLoader(view, 2).restore({"epoch": "x", "position": 0, "seed": 0,
+        "shuffle": False, "size": 4}), "not an integer")
+try:
+    view[9]
+except IndexError as e:
+    assert isinstance(e, DataError)
+print("hostile loaders numpy-only OK", np.__version__)
+"""
+
+
+@pytest.mark.parametrize("python", PYTHONS)
+def test_hostile_loaders_refuse_with_numpy_alone(python):
+    proc = run_on_device(python, DEVICE_SCRIPT, blocked=("edgetrain", *BUILD_SIDE), timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "hostile loaders numpy-only OK" in proc.stdout
+
+
+def test_regression_store_whose_damage_sqlite_reports_in_bytes_that_are_not_utf8(tmp_path):
+    """STORE: bytes inserted into page 1's schema text; SQLite's error message quotes them and Python's sqlite3,
+    decoding it, raised UnicodeDecodeError instead of sqlite3.DatabaseError."""
+    path = tmp_path / "s.db"
+    data = good_store(path)
+    path.write_bytes(data[:4055] + b"\x00\x00\x00\x00\x00\x80" + data[4055:])
+    before = path.read_bytes()
+    with pytest.raises(
+        DataError, match=r"s\.db: opening failed: SQLite reported damage in words that are not UTF-8"
+    ):
+        SampleStore(path, create=False)
+    assert path.read_bytes() == before
