@@ -34,6 +34,7 @@ _INT64 = 2.0**63
 def read_text(path: str, max_bytes: int = CSV_MAX_BYTES) -> str:
     """The text of a file, gzip-compressed or not (recognised by content), a UTF-8 byte order mark dropped; at
     most `max_bytes` of it (raw, or once inflated: streamed, refused as soon as it holds more)."""
+    bom = 0
     try:
         with open(path, "rb") as f:
             compressed = f.read(2) == GZIP_MAGIC
@@ -55,11 +56,13 @@ def read_text(path: str, max_bytes: int = CSV_MAX_BYTES) -> str:
                 raise _too_big(
                     path, f"a .gz that inflates to more than {max_bytes} bytes", max_bytes, max_bytes + 1
                 )
-        return raw.decode("utf-8-sig")
+        bom = 3 if raw.startswith(b"\xef\xbb\xbf") else 0
+        return raw[bom:].decode("utf-8") if bom else raw.decode("utf-8")
     except (OSError, EOFError, zlib.error) as e:
         raise DataError(f"{path}: cannot read ({e})", path) from e
     except UnicodeDecodeError as e:
-        raise DataError(f"{path}: not a text file (not UTF-8 at byte {e.start})", path) from e
+        where = e.start + bom  # counted in the file (or in the inflated text), the byte order mark included
+        raise DataError(f"{path}: not a text file (not UTF-8 at byte {where})", path) from e
 
 
 def _too_big(path: str, what: str, limit: int, needed: int) -> DataLimitError:

@@ -39,12 +39,13 @@ def _csv_delimiter(head: bytes, cut: bool) -> str | None:
     cut: head is only the start of the file, so its last line may be incomplete."""
     if b"\0" in head:
         return None
+    head = head.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte order mark (the error offsets below skip it)
     try:
-        text = head.decode("utf-8-sig")
+        text = head.decode("utf-8")
     except UnicodeDecodeError as e:
         if e.start < len(head) - 4:  # a character cut at the end of the sniffed block is fine
             return None
-        text = head[: e.start].decode("utf-8-sig")
+        text = head[: e.start].decode("utf-8")
     lines = [ln for ln in text.splitlines()[:6] if ln.strip()]
     if cut and len(lines) > 1:
         lines = lines[:-1]  # the last line may be cut short

@@ -837,3 +837,23 @@ def test_regression_store_whose_damage_sqlite_reports_in_bytes_that_are_not_utf8
     ):
         SampleStore(path, create=False)
     assert path.read_bytes() == before
+
+
+def test_csv_of_short_rows_costs_a_few_times_its_text(tmp_path, report):
+    """16 MiB of "0,1" rows (4 Mi rows): a list of every line cost ~60 bytes per line (550 MB here, 2.2 GB for
+    64 MiB); blocks of lines keep it near text + labels + features."""
+    path = tmp_path / "short.csv.gz"
+    path.write_bytes(gzip.compress(b"0,1\n" * (4 << 20), compresslevel=1))
+    out = in_child("csv", memory=768 << 20, path=str(path))
+    assert out["class"] is None, out
+    report("loaders", f"CSV of 4 Mi short rows (16 MiB of text): peak RSS {out['maxrss_mib']:.0f} MiB")
+    assert out["maxrss_mib"] < 250
+
+
+def test_regression_csv_sniffing_a_bom_and_a_character_cut_at_the_end(tmp_path):
+    """CSV: open_data's sniffer cut the text at the error offset of a utf-8-sig decode, which does not count the
+    byte order mark, splitting a 4-byte character: UnicodeDecodeError."""
+    path = tmp_path / "t.csv"
+    path.write_bytes(b"\xef\xbb\xbf1,2,0\n3,4,\xf0\x9f\x98\x80\xc2")
+    with pytest.raises(DataError, match=r"t\.csv: not a text file \(not UTF-8 at byte 17\)"):
+        open_data(path)
