@@ -271,15 +271,16 @@ class SampleStore(IDataView):
             conn.execute("PRAGMA fullfsync=ON")
             tables = self._tables(conn)
             if not tables:  # a new (or empty) file: another process may be creating it now too
-                if not create:
-                    raise self._not_ours("an empty file (create=True makes a new store in it)")
                 if self._pages > 1:  # an empty database made by a tool has one page: this lost its tables
                     raise DataError(
                         f"{self.path}: damaged: an SQLite file of {self._pages} pages whose schema lists no "
-                        f"tables; it was left untouched: move it away (keep it, SQLite's .recover may save "
-                        f"samples) and start a new store",
+                        f"tables (a store that lost them, or a database another tool emptied); it was left "
+                        f"untouched: move it away (keep it: SQLite's .recover may save samples) and start a new "
+                        f"store",
                         self.path,
                     )
+                if not create:
+                    raise self._not_ours("an empty file (create=True makes a new store in it)")
                 with self._transaction(conn):  # the busy timeout covers BEGIN IMMEDIATE: one creator wins
                     if not self._tables(conn):
                         for statement in _SCHEMA:

@@ -193,9 +193,14 @@ def split(view: IDataView, fractions: Sequence[float] = (0.8, 0.2), seed: int | 
     The samples are shuffled by `seed` first (the same seed gives the same split); seed=None splits in order.
     Each part keeps its samples in ascending index order (sequential reads of memory-mapped files).
     """
-    fr = np.asarray(fractions, dtype=np.float64)
-    if fr.ndim != 1 or fr.size == 0 or (fr <= 0).any() or abs(fr.sum() - 1.0) > 1e-6:
-        raise ConfigError(f"split fractions must be positive and add up to 1, got {tuple(fractions)}")
+    try:
+        fr = np.asarray(fractions, dtype=np.float64)
+    except (TypeError, ValueError):
+        fr = np.zeros(0)
+    if fr.ndim != 1 or fr.size == 0 or not (fr > 0).all() or abs(fr.sum() - 1.0) > 1e-6:
+        raise ConfigError(f"split fractions must be positive and add up to 1, got {fractions!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0):
+        raise ConfigError(f"split seed must be an integer >= 0 or None, got {seed!r}")
     n = view.size()
     order = np.arange(n) if seed is None else np.random.default_rng(seed).permutation(n)
     bounds = np.rint(np.cumsum(fr) * n).astype(np.int64)

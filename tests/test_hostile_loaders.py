@@ -518,6 +518,8 @@ def test_bad_arguments_are_config_errors_and_still_value_errors(tmp_path):
         lambda: DataLoader(view, 2, seed=-1),
         lambda: DataLoader(object(), 2),
         lambda: split(view, (0.5, 0.6)),
+        lambda: split(view, ("a", "b")),
+        lambda: split(view, (0.5, 0.5), seed="x"),
         lambda: Preprocess(scale=float("nan")),
         lambda: Preprocess(std=0),
         lambda: loaders.parse_scale("1/0"),
