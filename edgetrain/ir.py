@@ -209,7 +209,10 @@ def toposort(nodes: Sequence[Node], available: Iterable[str]) -> list[Node]:
                 heapq.heappush(heap, d)
     if len(order) != len(nodes):
         stuck = next(nodes[i] for i in range(len(nodes)) if waiting[i] > 0)
-        raise ModelError(f"the graph has a cycle through {stuck.label}")
+        raise ModelError(
+            f"the graph has a cycle through {stuck.label}: a value it reads depends on its own output; ONNX graphs "
+            "are acyclic (the file is corrupt, or its exporter is broken)"
+        )
     return order
 
 

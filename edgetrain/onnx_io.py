@@ -401,7 +401,7 @@ def _np_dtype(elem_type: int, what: str) -> np.dtype:
         ) from None
 
 
-def _value_info(vi: onnx.ValueInfoProto) -> TensorInfo:
+def _value_info(vi: onnx.ValueInfoProto, what: str = "value") -> TensorInfo:
     t = vi.type
     kind = t.WhichOneof("value")
     if kind != "tensor_type":
@@ -417,7 +417,7 @@ def _value_info(vi: onnx.ValueInfoProto) -> TensorInfo:
     dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim)
     info = TensorInfo(dtype, dims)
     if all(isinstance(d, int) for d in dims):  # a static shape: bounded now, not when it is allocated
-        check_size(info, f"value '{vi.name}'")
+        check_size(info, f"{what} '{vi.name}'")
     return info
 
 
@@ -533,10 +533,10 @@ def _from_proto(proto: onnx.ModelProto, max_bytes: int) -> Graph:
         if vi.name in initializers:  # old exporters list weights as inputs too: they stay constants
             continue
         inputs.append(vi.name)
-        values[vi.name] = _value_info(vi)
+        values[vi.name] = _value_info(vi, "graph input")
     for vi in g.output:  # declared output types (symbolic dims kept): export writes them back
         if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type and vi.name not in values:
-            values[vi.name] = _value_info(vi)
+            values[vi.name] = _value_info(vi, "graph output")
     graph = Graph(
         nodes=[],
         inputs=inputs,

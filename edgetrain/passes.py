@@ -382,11 +382,8 @@ def fold_constants(
             opset=graph.opset,
             name=node.name,
         )
-        if node.op_type in (
-            "Shape",
-            "Size",
-        ):  # the data itself is not constant: a view of its shape stands in
-            sub.initializers[node.inputs[0]] = _view(graph.values[node.inputs[0]])
+        if node.op_type in ("Shape", "Size") and node.inputs[0] not in consts:
+            sub.initializers[node.inputs[0]] = _view(values[node.inputs[0]])  # a view of the data's shape
         with np.errstate(all="ignore"):
             results = Interpreter(sub, preallocate=False).run({})
         for o, r in zip(sub.outputs, results):
