@@ -280,7 +280,9 @@ def _normalize_argument(normalize) -> tuple[np.float32, np.float32] | None:
         mean, std = (float(v) for v in normalize)
     except (TypeError, ValueError):
         mean = std = math.nan
-    if not (math.isfinite(mean) and math.isfinite(std) and std > 0 and np.isfinite(np.float32(std))):
+    fits = math.isfinite(mean) and math.isfinite(std) and std > 0
+    # (x / 255 - mean) / std for x in 0..255 must stay a finite float32
+    if not (fits and (1 + abs(mean)) / std < float(np.finfo(np.float32).max) and abs(mean) < 1e38):
         raise ConfigError(
             f"MnistDataView normalize must be True, False or a pair (mean, std) of finite numbers with std > 0 "
             f"(e.g. (0.1307, 0.3081)), got {normalize!r}"

@@ -528,6 +528,8 @@ def test_bad_arguments_are_config_errors_and_still_value_errors(tmp_path):
         lambda: CsvDataView(tmp_path / "t.csv", delimiter=",,"),
         lambda: NpzDataView(tmp_path / "t.npz", dtype="U3"),
         lambda: MnistDataView("a", "b", normalize=(0.1, 0.0)),
+        lambda: MnistDataView("a", "b", normalize=(0.1, 1e-45)),  # 255 / 1e-45 is inf in float32
+        lambda: MnistDataView("a", "b", normalize="yes"),
         lambda: loaders.check_labels(view, 0),
         lambda: SubsetView(view, [0.5]),
         lambda: SampleStore(tmp_path / "s.db", timeout=-1),
