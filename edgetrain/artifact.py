@@ -169,6 +169,10 @@ def load_artifact(
     base = graph(header["base"], "inference graph")
     plan = plan_of(header["plan"], program, "memory plan")
     io = _io(path, header["io"], program)
+    if not base.outputs or any(
+        i not in io["data_inputs"] and i not in base.initializers for i in base.inputs
+    ):
+        raise _bad(path, "its inference graph has no output, or an input that is no data input of the model")
     initial = _initial(path, header, tensors, program, io)
     batch_plan = None
     if header.get("batch_plan") is not None:
@@ -187,7 +191,7 @@ def load_artifact(
         fused = {
             "program": fprogram,
             "plan": plan_of(f["plan"], fprogram, "fused step's memory plan"),
-            "gradients": _gradients(path, f["gradients"], io, fprogram),
+            "gradients": _gradients(path, f["gradients"], io, fprogram, initial),
             "state_roles": _state_roles(path, f["state_roles"], io, initial),
         }
         _fed(path, fprogram, io, "fused step program")
@@ -288,6 +292,14 @@ def _io(path: str, io: Any, program: Graph) -> dict[str, Any]:
     for name in [io["loss"], *io["outputs"], *updates.values()]:
         if name not in program.outputs:
             raise _bad(path, f"its io names {_short(name)} a result, but the program does not output it")
+    loss = program.values.get(io["loss"])
+    if (
+        loss is None
+        or not loss.is_static
+        or int(np.prod(loss.shape)) != 1
+        or np.dtype(loss.dtype).kind != "f"
+    ):
+        raise _bad(path, f"its loss {_short(io['loss'])} is declared {loss}, not one floating-point number")
     stray = [k for k in updates if k not in owned]
     if stray:
         raise _bad(path, f"its io updates {_short(stray[0])}, which is no parameter or state")
@@ -364,6 +376,8 @@ def _initial(
                 f"the initial value of {_short(name)} is {a.dtype}{list(a.shape)}, but the program declares "
                 f"{info if info is not None else 'nothing'} for it",
             )
+        if name in io["parameters"] and a.dtype.kind != "f":
+            raise _bad(path, f"its parameter {_short(name)} is {a.dtype}, not floating point")
         out[name] = a
     return out
 
@@ -377,12 +391,31 @@ def _zeros_bytes(path: str, name: str, dtype: str, shape: list[int]) -> int:
         raise _bad(path, f"its declared zero state {_short(name)} is impossible: {e}") from None
 
 
-def _gradients(path: str, grads: Any, io: dict[str, Any], fprogram: Graph) -> dict[str, str]:
+def _gradients(
+    path: str, grads: Any, io: dict[str, Any], fprogram: Graph, initial: dict[str, np.ndarray]
+) -> dict[str, str]:
+    """parameter -> the fused step's output holding its gradient, declared of the parameter's shape and dtype
+    (the session's flat gradient buffers are made of the parameters' shapes)."""
     if not isinstance(grads, dict) or not all(isinstance(v, str) for v in grads.values()):
         raise _bad(path, f"its fused step's gradients are {_short(grads)}, not an object of name -> name")
     for p in io["parameters"]:
         if p not in grads:
             raise _bad(path, f"its fused step names no gradient for the parameter {_short(p)}")
+        info, w = fprogram.values.get(grads[p]), initial[p]
+        const = fprogram.initializers.get(grads[p])
+        if const is not None and (const.shape != w.shape or const.dtype != w.dtype):
+            raise _bad(path, f"the gradient {_short(grads[p])} of {_short(p)} is a constant not of its shape")
+        if grads[p] in fprogram.outputs and (
+            info is None
+            or not info.is_static
+            or tuple(info.shape) != w.shape
+            or np.dtype(info.dtype) != w.dtype
+        ):
+            raise _bad(
+                path,
+                f"the gradient {_short(grads[p])} of {_short(p)} is declared {info}, not {w.dtype}{list(w.shape)} "
+                "like its parameter",
+            )
     return dict(grads)
 
 
@@ -417,6 +450,9 @@ def _state_roles(
         elif initial[name].size != 1:
             raise _bad(path, f"the step count {_short(name)} is not a single number")
         out[name] = (kind, weight)
+    unroled = [n for n in io["state"] if n not in out]
+    if unroled:  # the fused optimizer owns every state tensor: one without a role would never be fed
+        raise _bad(path, f"its fused step gives the state {_short(unroled[0])} no role")
     return out
 
 

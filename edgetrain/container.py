@@ -423,7 +423,10 @@ def _preamble(f: BinaryIO, path: str, size: int) -> tuple[int, int, int]:
 
 
 # ---- the header: bounded inflation, bounded JSON -------------------------------------------------------------
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)  # a JSON string (escapes included)
+# A JSON string, escapes included; the closing quote is optional so that an unterminated string runs to the end
+# of the text (as the parser reads it) in one match: required, each later quote would start a new attempt over
+# the rest of the text, quadratic in the number of quotes.
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"?', re.DOTALL)
 _ALL_BUT_BRACKETS = bytes(c for c in range(256) if c not in b"[]{}")
 
 
@@ -482,13 +485,22 @@ def parse_json(path: str, text: bytes, *, what: str, max_bytes: int) -> Any:
             needed=len(text),
             path=path,
         )
+    max_items = max(max_bytes // HEADER_BYTES_PER_ITEM, 1)
+    strings = text.count(b'"') // 2  # keys and string values (escaped quotes count too: an upper bound)
+    if strings > 2 * max_items:  # each is a Python object; bounded before the scan, whose cost is per string
+        raise ArtifactLimitError(
+            f"'{path}': its {what} holds about {strings} JSON strings, more than the {2 * max_items} edgetrain "
+            f"reads (2 per {HEADER_BYTES_PER_ITEM} bytes of max_header_bytes=); the file is corrupt or hostile",
+            limit=2 * max_items,
+            needed=strings,
+            path=path,
+        )
     depth, items = json_shape(text)
     if depth > MAX_JSON_DEPTH:
         raise _fail(
             path,
             f"is corrupt: its {what} nests {depth} levels deep; edgetrain files nest at most {MAX_JSON_DEPTH}",
         )
-    max_items = max(max_bytes // HEADER_BYTES_PER_ITEM, 1)
     if items > max_items:
         raise ArtifactLimitError(
             f"'{path}': its {what} holds {items} JSON items, more than the {max_items} edgetrain reads "
@@ -599,9 +611,11 @@ def _checksum_failure(path: str, mm: mmap.mmap, size: int, hlen: int, max_header
     """The error for a file whose checksum does not match: truncation or extra bytes when its table (parsed for
     the message only, within a smaller bound: _DIAGNOSIS_BYTES) says so, an undecodable header, else the
     checksum."""
+    bound = min(max_header, _DIAGNOSIS_BYTES)
     try:
-        bound = min(max_header, _DIAGNOSIS_BYTES)
-        _, entries = _parse_table(path, mm[_PREAMBLE.size : _PREAMBLE.size + min(hlen, bound)], bound)
+        if hlen > bound:
+            raise ArtifactLimitError("too large to diagnose")
+        _, entries = _parse_table(path, mm[_PREAMBLE.size : _PREAMBLE.size + hlen], bound)
     except ArtifactLimitError:
         entries = None
     except ArtifactError as e:

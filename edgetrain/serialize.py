@@ -260,6 +260,17 @@ def check_graph(graph: Graph, where: str, *, max_value_bytes: int | None = None)
             compile_step(node)
         except UnsupportedError as e:
             raise ArtifactError(f"{at}: {e}") from None
+    for name, arr in graph.initializers.items():  # a constant holds what the graph says (a [1] for a [], say)
+        info = graph.values.get(name)
+        if (
+            info is not None
+            and info.is_static
+            and (arr.dtype != info.dtype or arr.size != int(np.prod(info.shape, dtype=object)))
+        ):
+            raise ArtifactError(
+                f"{where}: initializer {short(name)} holds {arr.dtype}{list(arr.shape)}, but the graph declares "
+                f"{info} for it"
+            )
     for o in graph.outputs:
         if o not in defined:
             raise ArtifactError(

@@ -306,6 +306,22 @@ def test_arena_of_16_gib_is_a_limit_error_before_allocating(tmp_path, real, repo
     )
 
 
+def test_headers_of_many_strings_or_escaped_quotes_are_bounded(tmp_path):
+    """Found in review: the string scan was quadratic in the quotes of an unterminated string (each later quote
+    began a new attempt over the rest): 40,000 escaped quotes took 50 s. Now one pass; and a header of more
+    strings than its items allow is refused before the scan. Run in a child that must finish (a hang guard)."""
+    quotes = tmp_path / "quotes.etrain"
+    quotes.write_bytes(container_bytes(text=b'{"header":{"x":"' + b'\\"' * 400_000 + b"}}"))
+    many = tmp_path / "strings.etrain"
+    many.write_bytes(container_bytes(text=b"[" + b'"",' * (3 << 20) + b'""]'))
+    for path, cls, match in [
+        (quotes, "ArtifactError", "does not decode"),
+        (many, "ArtifactLimitError", "JSON strings, more than the 2097152 edgetrain reads"),
+    ]:
+        got = bounded("read", path)
+        assert got["error"] == cls and match in got["message"] and str(path) in got["message"], got
+
+
 def test_header_length_beyond_the_bound(tmp_path):
     path = tmp_path / "long.etrain"
     data = bytearray(container_bytes({"header": {}, "tensors": {}}))
@@ -439,6 +455,14 @@ def _first_with_inputs(h) -> int:
 def _plan_all_zero(h, t):
     for plan in (h["plan"], h["fused"]["plan"]):
         plan["offsets"] = {k: 0 for k in plan["offsets"]}
+
+
+def _int_parameter(h, t):
+    """fc2.bias made int32 everywhere it is declared, consistently: a parameter must still be a float."""
+    t["fc2.bias"] = t["fc2.bias"].astype(np.int32)
+    for g in (h["program"], h["fused"]["program"], h["base"]):
+        if "fc2.bias" in g["values"]:
+            g["values"]["fc2.bias"][0] = "int32"
 
 
 def _huge_zero_state(h, t):
@@ -602,6 +626,12 @@ ARTIFACT_FAULTS = {
         ArtifactError,
         "its io names 'nope' a data input, but the program has no such input",
     ),
+    # the loss pointed at the model's output: a session would call float() on a [batch, classes] array
+    "io_loss_at_the_output": (
+        lambda h, t: h["io"].__setitem__("loss", h["io"]["outputs"][0]),
+        ArtifactError,
+        r"its loss 'output' is declared float32\[4x10\], not one floating-point number",
+    ),
     "io_a_list": (
         lambda h, t: h.__setitem__("io", []),
         ArtifactError,
@@ -625,7 +655,21 @@ ARTIFACT_FAULTS = {
     "initial_wrong_shape": (
         lambda h, t: t.__setitem__(h["initial"][0], np.zeros(3, np.float32)),
         ArtifactError,
-        r"the initial value of '.*' is float32\[3\], but the program declares",
+        r"its inference graph: initializer 'fc1.weight' holds float32\[3\], but the graph declares float32\[128x784\]",
+    ),
+    "initial_state_wrong_shape": (
+        lambda h, t: (
+            h["initial"].append(s := h["io"]["state"][0]),
+            h["zeros"].pop(s),
+            t.__setitem__(s, np.zeros(3, np.float32)),
+        ),
+        ArtifactError,
+        r"the initial value of '.*momentum' is float32\[3\], but the program declares float32",
+    ),
+    "parameter_of_ints": (
+        lambda h, t: _int_parameter(h, t),
+        ArtifactError,
+        "its parameter 'fc2.bias' is int32, not floating point",
     ),
     "zero_state_not_state": (
         lambda h, t: h["zeros"].__setitem__(h["io"]["parameters"][0], ["float32", [2**40]]),
@@ -678,6 +722,26 @@ ARTIFACT_FAULTS = {
         lambda h, t: h["fused"]["plan"].__setitem__("offsets", {k: 0 for k in h["fused"]["plan"]["offsets"]}),
         ArtifactError,
         "its fused step's memory plan puts",
+    ),
+    # found by fuzzing evaluate() and run(): a state the fused step gives no role (a KeyError feeding evaluate),
+    # an inference graph without outputs (an IndexError in run)
+    "fused_state_without_role": (
+        lambda h, t: h["fused"]["state_roles"].pop(h["io"]["state"][0]),
+        ArtifactError,
+        "its fused step gives the state '.*' no role",
+    ),
+    "inference_graph_without_output": (
+        lambda h, t: h["base"].__setitem__("outputs", []),
+        ArtifactError,
+        "its inference graph has no output, or an input that is no data input",
+    ),
+    "inference_graph_unfed_input": (
+        lambda h, t: (
+            h["base"]["inputs"].append(h["io"]["target"])
+            or h["base"]["values"].update({h["io"]["target"]: ["int64", [4]]})
+        ),
+        ArtifactError,
+        "its inference graph has no output, or an input that is no data input",
     ),
     "batch_plan_a_string": (
         lambda h, t: h.__setitem__("batch_plan", "x"),
