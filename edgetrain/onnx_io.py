@@ -699,11 +699,20 @@ def _ir_version_for(opset: int) -> int:
 
 
 def check_types(graph: Graph) -> None:
-    """The inputs of every node that its op's schema binds to one type variable (Gemm's A, B and C are all T) have
+    """Every value of an element type numpy has (an UnsupportedError for bfloat16, float8, int4, ...), and the
+    inputs of every node that its op's schema binds to one type variable (Gemm's A, B and C are all T) have
     one element type: numpy would promote a float64 input times float32 weights silently, and the gradients
     would not fit the parameters. ModelError naming the node, the values and their types. Needs the values'
     dtypes: run it on a graph whose shapes are inferred."""
     variadic = onnx.defs.OpSchema.FormalParameterOption.Variadic
+    producers = graph.producers()
+    for name, info in graph.values.items():
+        if np.dtype(info.dtype).kind == "V":  # ml_dtypes' bfloat16, float8, int4: no numpy dtype on a device
+            where = producers[name].label + " computes" if name in producers else "the model declares"
+            raise UnsupportedError(
+                f"{where} '{name}' as {np.dtype(info.dtype).name}, an element type edgetrain's numpy runtime "
+                "cannot hold (it trains bool, integer and float16/32/64 tensors): export the model in float32"
+            )
     for node in graph.nodes:
         if node.domain not in ("", "ai.onnx"):
             continue

@@ -303,7 +303,7 @@ _ATTRS = {
     "Transpose": {"perm": [[1, 0], [0, 1], [2, 0, 1], [0, 0], [5, 1]]},
     "ReduceMean": {"keepdims": [0, 1, 3]},
     "BatchNormalization": {"epsilon": [1e-5, 0.0, -1.0], "momentum": [0.9, 2]},
-    "Cast": {"to": [1, 7, 9, 11, 0, 99, 8]},
+    "Cast": {"to": [1, 7, 9, 11, 0, 99, 8, 16, 22]},
     "Gather": {"axis": [0, 1, -1, 4]},
 }
 
@@ -420,10 +420,15 @@ class _Builder:
         rank = len(shape)
         choices = ["Relu", "Sigmoid", "Add", "Mul", "Identity", "Softmax", "Transpose", "ReduceMean", "Cast"]
         choices += ["Gemm", "MatMul", "Flatten", "Reshape", "ShapeReshape", "Concat", "Unsqueeze", "Slice"]
-        choices += ["Expand", "ConstantOfShape"]
+        choices += ["Expand", "ConstantOfShape", "Unary", "Binary", "Clip", "Where", "Pad", "Tile", "Split"]
+        choices += ["LayerNormalization", "Dropout", "Recurrent", "Embedding"]
         if rank == 4:
-            choices += ["Conv", "Conv", "MaxPool", "BatchNormalization"]
+            choices += ["Conv", "Conv", "MaxPool", "BatchNormalization", "AveragePool", "GlobalAveragePool"]
+            choices += ["ConvTranspose", "Resize", "InstanceNormalization"]
         op = draw(st.sampled_from(choices))
+        made = self.more(op, x, shape)
+        if made is not None:
+            return made
         if op in ("Relu", "Sigmoid", "Identity"):
             return self.add(op, [x]), shape
         if op in ("Add", "Mul"):
@@ -493,6 +498,82 @@ class _Builder:
             var = self.const(np.abs(self.rng.standard_normal(c)).astype(np.float32) + 0.5, "var")
             return self.add(op, [x, *stats, var], epsilon=1e-5), shape
         return self.add("Relu", [x]), shape
+
+    def more(self, op: str, x: str, shape: list) -> tuple[str, list] | None:
+        """The rest of the vocabulary: elementwise math, padding and tiling, normalizations, recurrences."""
+        draw, b, rank = self.draw, shape[0], len(shape)
+        if op == "Unary":
+            u = draw(
+                st.sampled_from(["Tanh", "Exp", "Abs", "Neg", "LeakyRelu", "Softplus", "Erf", "Sqrt", "Log"])
+            )
+            if u in ("Sqrt", "Log"):
+                x = self.add("Abs", [x])
+            return self.add(u, [x]), shape
+        if op == "Binary":
+            u = draw(st.sampled_from(["Sub", "Div", "Pow", "Max", "Min", "Sum", "Mean"]))
+            other = self.const(
+                np.abs(self.rng.standard_normal(shape[-1:] or [1])).astype(np.float32) + 1, "k"
+            )
+            return self.add(u, [x, other]), shape
+        if op == "Clip":
+            lo, hi = self.const(np.float32(-1), "lo"), self.const(np.float32(1), "hi")
+            return self.add(op, [x, lo, hi]), shape
+        if op == "Where":
+            cond = self.add("Greater", [x, self.const(np.float32(0), "zero")])
+            return self.add(op, [cond, x, self.add("Neg", [x])]), shape
+        if op == "Pad" and rank >= 1:
+            pads = self.const(np.array([0] * rank + [0] * (rank - 1) + [1], np.int64), "pads")
+            mode = draw(st.sampled_from(["constant", "reflect", "edge"]))
+            if mode == "reflect" and shape[-1] < 2:
+                mode = "edge"
+            return self.add(op, [x, pads], mode=mode), [*shape[:-1], shape[-1] + 1]
+        if op == "Tile" and rank >= 1:
+            reps = self.const(np.array([1] * (rank - 1) + [2], np.int64), "reps")
+            return self.add(op, [x, reps]), [*shape[:-1], 2 * shape[-1]]
+        if op == "Split" and rank >= 2 and shape[1] % 2 == 0:
+            half = self.const(np.array([shape[1] // 2] * 2, np.int64), "split")
+            out = [self.fresh("split"), self.fresh("split")]
+            self.nodes.append(_node("Split", [x, half], out, f"Split_{self.k}", {"axis": 1}))
+            return self.add("Add", out), [b, shape[1] // 2, *shape[2:]]
+        if op == "LayerNormalization" and rank >= 2:
+            scale, bias = self.weight(shape[-1]), self.weight(shape[-1])
+            return self.add(op, [x, scale, bias], axis=-1, epsilon=1e-5), shape
+        if op == "Dropout":
+            return self.add(op, [x, self.const(np.float32(0.5), "ratio")]), shape
+        if op == "Recurrent" and rank == 2:  # [b, k] read as k steps of one feature
+            seq = self.add(
+                "Transpose", [self.add("Unsqueeze", [x, self.const(np.array([2]), "ax")])], perm=[1, 0, 2]
+            )
+            kind, h = draw(st.sampled_from(["LSTM", "GRU", "RNN"])), draw(st.integers(1, 3))
+            gates = {"LSTM": 4, "GRU": 3, "RNN": 1}[kind]
+            w, r, bias = (
+                self.weight(1, gates * h, 1),
+                self.weight(1, gates * h, h),
+                self.weight(1, 2 * gates * h),
+            )
+            out = [self.fresh("y"), self.fresh("yh")]
+            self.nodes.append(_node(kind, [seq, w, r, bias], out, f"{kind}_{self.k}", {"hidden_size": h}))
+            return self.add("Squeeze", [out[1], self.const(np.array([0]), "ax")]), [b, h]
+        if op == "Embedding" and rank == 2:
+            idx = self.add(
+                "Cast",
+                [self.add("Clip", [x, self.const(np.float32(0), "lo"), self.const(np.float32(3), "hi")])],
+                to=7,
+            )
+            return self.add("Gather", [self.weight(4, 2), idx], axis=0), [*shape, 2]
+        if op in ("AveragePool", "GlobalAveragePool") and rank == 4:
+            if op == "GlobalAveragePool":
+                return self.add(op, [x]), [b, shape[1], 1, 1]
+            return self.add(op, [x], kernel_shape=[1, 1]), shape
+        if op == "ConvTranspose" and rank == 4:
+            m = draw(st.integers(1, 3))
+            return self.add(op, [x, self.weight(shape[1], m, 3, 3)], pads=[1, 1, 1, 1]), [b, m, *shape[2:]]
+        if op == "Resize" and rank == 4:
+            scales = self.const(np.array([1, 1, 2, 2], np.float32), "scales")
+            return self.add(op, [x, "", scales], mode="nearest"), [*shape[:2], 2 * shape[2], 2 * shape[3]]
+        if op == "InstanceNormalization" and rank == 4:
+            return self.add(op, [x, self.weight(shape[1]), self.weight(shape[1])]), shape
+        return None
 
 
 @st.composite

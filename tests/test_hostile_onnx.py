@@ -655,3 +655,27 @@ def test_fuzz_the_shape_of_a_folded_constant(tmp_path):
     path = save(tmp_path, mlp(nodes=nodes, inits=inits, x_shape=(2, 2, 2)))
     for load in ENTRIES.values():
         load(path)
+
+
+def test_fuzz_an_input_of_an_element_type_numpy_lacks(tmp_path):
+    """An int4 input converted, through onnx's ml_dtypes, into an artifact the device cannot load (an
+    ArtifactError at the first training step); convert refuses it by name."""
+    model = mlp(inputs=[helper.make_tensor_value_info("x", TensorProto.INT4, ["N", 4])])
+    model.graph.node.insert(0, helper.make_node("Cast", ["x"], ["xf"], to=TensorProto.FLOAT))
+    model.graph.node[1].input[0] = "xf"
+    path = save(tmp_path, model)
+    with pytest.raises(et.UnsupportedError) as e:
+        et.convert(path, loss=et.MSELoss(), optimizer=et.SGD(lr=0.1), batch_size=2)
+    assert str(path) in str(e.value) and "the model declares 'x' as int4" in str(e.value)
+
+
+def test_fuzz_rebatching_a_model_that_makes_nan(tmp_path):
+    """Re-batching is checked on random samples; a model whose outputs are NaN there (Log of a negative) was
+    refused ('values differ by up to nan'): NaN where both batches have it is agreement."""
+    nodes = [
+        helper.make_node("Log", ["x"], ["l"], name="log"),
+        helper.make_node("Gemm", ["l", "w", "b"], ["y"], name="fc"),
+    ]
+    path = save(tmp_path, mlp(nodes=nodes, x_shape=(1, 4)))
+    art = et.convert(path, loss=et.MSELoss(), optimizer=et.SGD(lr=0.1), batch_size=2)
+    assert art.graph.values[art.data_inputs[0]].shape == (2, 4) and art.notes[0].startswith("re-batched")
