@@ -470,13 +470,10 @@ def json_shape(text: bytes) -> tuple[int, int]:
     return deepest, items
 
 
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
 def parse_json(path: str, text: bytes, *, what: str, max_bytes: int) -> Any:
     """Bounded json.loads of UTF-8 text: at most max_bytes, max_bytes // HEADER_BYTES_PER_ITEM items,
-    MAX_JSON_DEPTH deep, no NaN or Infinity. ArtifactError (ArtifactLimitError for a bound) naming path."""
+    MAX_JSON_DEPTH deep. ArtifactError (ArtifactLimitError for a bound) naming path. NaN and Infinity (which the
+    writer never writes) read as floats: the fields that hold numbers are checked where they are used."""
     if len(text) > max_bytes:
         raise ArtifactLimitError(
             f"'{path}': its {what} is {len(text)} bytes of JSON, more than the {max_bytes} edgetrain reads "
@@ -510,7 +507,7 @@ def parse_json(path: str, text: bytes, *, what: str, max_bytes: int) -> Any:
             path=path,
         )
     try:
-        return json.loads(text.decode("utf-8"), parse_constant=_no_constant)
+        return json.loads(text.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise _fail(
             path, f"is corrupt: its {what} does not decode ({short(str(e), 200)}); the file was damaged"
