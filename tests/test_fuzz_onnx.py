@@ -390,8 +390,8 @@ def _node(op: str, ins, outs, name: str, attrs: dict) -> onnx.NodeProto:
 class _Builder:
     """A plausible model grown op by op, keeping track of each value's shape so that most nodes fit."""
 
-    def __init__(self, draw, batch):
-        self.draw, self.batch = draw, batch
+    def __init__(self, draw, batch, opset: int):
+        self.draw, self.batch, self.opset = draw, batch, opset
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
         self.k = 0
@@ -443,6 +443,8 @@ class _Builder:
         if op == "Transpose" and rank >= 2:
             return self.add(op, [x], perm=[0, *range(rank - 1, 0, -1)]), [b, *shape[:0:-1]]
         if op == "ReduceMean" and rank >= 2:
+            if self.opset < 18:  # axes became an input in opset 18
+                return self.add(op, [x], axes=[rank - 1], keepdims=1), [*shape[:-1], 1]
             axes = self.const(np.array([rank - 1], np.int64), "axes")
             return self.add(op, [x, axes], keepdims=1), [*shape[:-1], 1]
         if op in ("Gemm", "MatMul") and rank == 2:
@@ -583,7 +585,8 @@ def plausible_models(draw) -> bytes:
     batch = draw(st.sampled_from([None, 2, 1]))
     shape = draw(st.sampled_from([[2, 5], [2, 3], [2, 1, 4, 4], [2, 2, 6, 6], [2, 3, 5, 5]]))
     shape = [batch or 2, *shape[1:]]
-    b = _Builder(draw, batch)
+    opset = draw(st.sampled_from([17, 18, 13]))
+    b = _Builder(draw, batch, opset)
     x, cur = "input", list(shape)
     for _ in range(draw(st.integers(1, 7))):
         x, cur = b.step(x, cur)
@@ -600,7 +603,7 @@ def plausible_models(draw) -> bytes:
         [helper.make_tensor_value_info("output", TensorProto.FLOAT, [declared[0], 3])],
         b.inits,
     )
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", draw(st.sampled_from([17, 18, 13])))])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
     data = m.SerializeToString()
     if draw(st.integers(0, 2)):  # two in three are made wrong somewhere
         data = _fields_of(draw, data)

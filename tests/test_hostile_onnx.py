@@ -232,6 +232,48 @@ def test_dimensions_whose_product_overflows_int64(tmp_path, dims):
     refused(path, et.ModelLimitError, "MAX_TENSOR_BYTES")
 
 
+def test_declared_dimensions_beyond_the_bound_cost_nothing(tmp_path, report):
+    """The dimension cases in a child whose address space is capped at 1.5 GiB: refused with ModelLimitError
+    (not a MemoryError from numpy), at the cost of reading the file."""
+    paths = {
+        "2**62": save(tmp_path, mlp(x_shape=(2**62, 4)), "a.onnx"),
+        "2**40 x 2**40": save(tmp_path, mlp(x_shape=(2**40, 2**40), outputs=[_y()]), "b.onnx"),
+        "2**31 x 2**31 x 4 weight": save(tmp_path, mlp(inits=[_huge_weight()]), "c.onnx"),
+    }
+    result = in_child(
+        f"""
+        import edgetrain as et
+        from edgetrain.check import check
+        result = {{}}
+        for case, path in {json.dumps({k: str(v) for k, v in paths.items()})}.items():
+            for entry, load in (
+                ("import_model", lambda: et.import_model(path, batch_size=1)),
+                ("convert", lambda: et.convert(path, loss=et.MSELoss(), optimizer=et.SGD(lr=0.1), batch_size=1)),
+                ("check", lambda: check(path)),
+            ):
+                try:
+                    load()
+                    result[case + " " + entry] = "accepted"
+                except Exception as e:
+                    result[case + " " + entry] = type(e).__name__ + ": " + str(e)
+        """
+    )
+    peak = result.pop("peak_mib")
+    assert len(result) == 9
+    for case, outcome in result.items():
+        assert outcome.startswith("ModelLimitError: ") and "MAX_TENSOR_BYTES" in outcome, (case, outcome)
+    report(
+        "hostile ONNX: peak memory",
+        f"dimensions of 2**62, 2**40 x 2**40, a 2**33-value weight: {peak:.0f} MiB",
+    )
+
+
+def _huge_weight() -> onnx.TensorProto:
+    w = numpy_helper.from_array(np.zeros(3, np.float32), "w")
+    w.dims[:] = [2**31, 2**31, 4]
+    return w
+
+
 def test_a_40_gb_static_input_converts_without_allocating_it(tmp_path, report):
     """Shapes are inferred from shapes where a value is large (onnx's shape inference, no stand-in data): the
     40 GB model converts and checks in a process that may not allocate 1.5 GiB, and its artifact is small."""
@@ -679,3 +721,7 @@ def test_fuzz_rebatching_a_model_that_makes_nan(tmp_path):
     path = save(tmp_path, mlp(nodes=nodes, x_shape=(1, 4)))
     art = et.convert(path, loss=et.MSELoss(), optimizer=et.SGD(lr=0.1), batch_size=2)
     assert art.graph.values[art.data_inputs[0]].shape == (2, 4) and art.notes[0].startswith("re-batched")
+
+
+def _y() -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
