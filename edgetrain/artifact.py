@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .container import DTYPES, declared_nbytes
+from .container import short as _short
 from .errors import ArtifactError, ArtifactLimitError
 from .ir import Graph
 from .rebatch import BatchPlan
@@ -207,12 +209,6 @@ def _bad(path: str, what: str) -> ArtifactError:
     )
 
 
-def _short(v: Any) -> str:
-    from .container import short
-
-    return short(v)
-
-
 def _number(v: Any) -> bool:
     """A finite JSON number >= 0 (not a bool)."""
     return type(v) in (int, float) and math.isfinite(v) and v >= 0
@@ -383,8 +379,6 @@ def _initial(
 
 
 def _zeros_bytes(path: str, name: str, dtype: str, shape: list[int]) -> int:
-    from .container import declared_nbytes
-
     try:
         return declared_nbytes(shape, np.dtype(dtype).itemsize)
     except (TypeError, ValueError) as e:
@@ -459,8 +453,6 @@ def _state_roles(
 def _zeros(dtype: str, shape: list[int]) -> np.ndarray:
     """A declared zero state tensor, of a dtype and shape already checked (declared_nbytes) and bounded;
     np.zeros of a large shape costs no memory until it is written."""
-    from .container import DTYPES, declared_nbytes
-
     if not isinstance(dtype, str) or dtype not in DTYPES:
         raise ArtifactError(
             f"a declared zero tensor needs a dtype of {', '.join(sorted(DTYPES))}, not {dtype!r}"
