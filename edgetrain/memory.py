@@ -557,7 +557,8 @@ def check_plan(
         for b in births.get(t, ()):
             lo, hi = plan.offsets[b], plan.offsets[b] + size[b]
             k = bisect.bisect_left(live, (lo, hi, b))
-            k -= k > 0 and live[k - 1][1] > lo  # the one before may reach into b
+            if k > 0 and live[k - 1][1] > lo:  # the one before may reach into b
+                k -= 1
             shared = []
             while k < len(live) and live[k][0] < hi:
                 if live[k][1] > lo:
