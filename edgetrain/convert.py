@@ -143,9 +143,8 @@ def convert(
 
 def _convert(model, loss, optimizer, trainable, batch_size, output) -> TrainingArtifact:
     provenance: dict[str, Any] = {}
-    rule = (
-        default_shape_rule()
-    )  # onnx's shape inference where onnx is installed: large values stay unallocated
+    # onnx's shape inference where onnx is installed: large values stay unallocated
+    rule = default_shape_rule()
     if isinstance(model, Graph):  # an IR graph (numpy only): made static here
         imported = model
     else:
@@ -224,9 +223,8 @@ def _convert(model, loss, optimizer, trainable, batch_size, output) -> TrainingA
         updates[name] = renames[value] = b.fresh(name + UPDATED)
     _rename(graph, renames)
     graph.outputs = [loss_name] + list(inference.outputs) + list(updates.values())
-    graph = prune(
-        fold_constants(graph, rule=rule)
-    )  # constant-only pieces the loss or optimizer built, dead branches
+    # constant-only pieces the loss or optimizer built, dead branches
+    graph = prune(fold_constants(graph, rule=rule))
     graph.verify(static=True)
     fused = _fused_program(graph, optimizer, ctx, params, grads, loss_name, list(inference.outputs))
     return TrainingArtifact(

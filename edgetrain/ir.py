@@ -46,7 +46,10 @@ class TensorInfo:
         return n
 
     def __str__(self) -> str:
-        dims = "?" if self.shape is None else "x".join("?" if d is None else str(d) for d in self.shape)
+        shape = self.shape
+        dims = "?" if shape is None else "x".join("?" if d is None else str(d) for d in shape[:12])
+        if shape is not None and len(shape) > 12:  # a hostile model's rank: the message stays readable
+            dims += f"x...({len(shape)} dims)"
         return f"{np.dtype(self.dtype).name}[{dims}]"
 
 

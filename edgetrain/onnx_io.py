@@ -99,13 +99,18 @@ def _load_external(proto: onnx.ModelProto, path: Path, max_bytes: int) -> None:
         what = f"tensor '{_text(t.name, 'a tensor name')}'"
         info = {_text(e.key, f"{what}: a key"): _text(e.value, f"{what}: a value") for e in t.external_data}
         location = info.get("location", "")
-        target = (folder / location).resolve()
-        if not location or os.path.isabs(location) or folder not in target.parents:
+        try:
+            target = (folder / location).resolve()
+            inside = bool(location) and not os.path.isabs(location) and folder in target.parents
+            exists = inside and target.is_file()
+        except (OSError, ValueError):  # a NUL byte, a name too long for the file system
+            inside = exists = False
+        if not inside:
             raise ModelError(
-                f"{what} keeps its data in '{location}', which is not a file inside the model's folder "
+                f"{what} keeps its data in {location[:200]!r}, which is not a file inside the model's folder "
                 f"'{folder}'; edgetrain reads external data only from files next to the model"
             )
-        if not target.is_file():
+        if not exists:
             raise ModelError(f"{what} keeps its data in '{location}', which does not exist next to the model")
         try:
             offset, length = int(info.get("offset", 0)), info.get("length")
@@ -169,7 +174,8 @@ def _type_name(elem_type: int) -> str:
 
 
 def _shape_text(t: onnx.TensorProto) -> str:
-    return f"{_type_name(t.data_type)}{list(t.dims)}"
+    dims = [str(d) for d in t.dims[:12]] + (["..."] if len(t.dims) > 12 else [])
+    return f"{_type_name(t.data_type)}[{', '.join(dims)}]"
 
 
 def _declared_bytes(t: onnx.TensorProto, what: str) -> int | None:

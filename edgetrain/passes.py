@@ -21,10 +21,10 @@ from .ir import Graph, Node, TensorInfo
 from .ops import record
 
 # Bounds on what a model may declare (module constants: raise them here, or by keyword where one is offered).
-MAX_TENSOR_BYTES = (
-    1 << 40
-)  # one value (a graph input, an initializer, any value shape inference finds): 1 TiB
-MAX_PARAMETER_BYTES = 4 << 30  # all initializers, and the constants folded from them, together: 4 GiB
+# One value (a graph input, an initializer, any value shape inference finds): 1 TiB.
+MAX_TENSOR_BYTES = 1 << 40
+# All initializers, and the constants folded from them, together: 4 GiB.
+MAX_PARAMETER_BYTES = 4 << 30
 # Shape inference runs a node on stand-in inputs only up to this size (each input and output); a larger value's
 # shape comes from a shape rule (onnx's shape inference, on the build side) and is never allocated.
 STANDIN_BYTES = 64 << 20
@@ -40,7 +40,9 @@ _SHAPE_READERS = ("Shape", "Size")  # ops that read only their input's shape: ex
 
 
 def size_text(n: int) -> str:
-    """Bytes for a person: '37.3 GiB'."""
+    """Bytes for a person: '37.3 GiB' (or 'about 2**200 bytes')."""
+    if n >= 1 << 60:
+        return f"about 2**{n.bit_length() - 1} bytes"
     for unit, k in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
         if n >= 1 << k:
             return f"{n / (1 << k):.1f} {unit}"
@@ -58,10 +60,9 @@ def check_size(info: TensorInfo, what: str) -> int:
     n = info.nbytes
     if n is None:
         return 0
+    # the bound holds for the dimensions apart from a zero one too: numpy checks them all
     span = np.dtype(info.dtype).itemsize
-    for (
-        d
-    ) in info.shape:  # the bound holds for the dimensions apart from a zero one too: numpy checks them all
+    for d in info.shape:
         span *= max(int(d), 1)
     if span > MAX_TENSOR_BYTES:
         n = max(n, span)
@@ -127,9 +128,7 @@ def shape_step(
         check_size(_info(a), f"{label}: input '{i}'") for a, i in zip(args, node.inputs) if a is not None
     ]
     big = [size for size in sizes if size > STANDIN_BYTES]
-    if (
-        node.op_type in _RECURRENT and args and args[0] is not None
-    ):  # a Python loop over the sequence: long is slow
+    if node.op_type in _RECURRENT and args and args[0] is not None:  # a Python loop over the sequence
         x = _info(args[0]).shape
         axis = 1 if int(node.attrs.get("layout", 0) or 0) else 0
         if len(x) > axis and x[axis] > MAX_STANDIN_STEPS:
@@ -367,9 +366,7 @@ def fold_constants(
             continue
         inputs = [i for i in node.inputs if i]
         size = _fold_size(node, graph, values, consts, rule, total, limit, keep)
-        if (
-            size is None
-        ):  # a large constant spread from small ones (a broadcast gradient seed): computed in steps
+        if size is None:  # a large constant spread from small ones (a broadcast gradient seed): stays a node
             kept.append(node)
             continue
         total += size
@@ -401,8 +398,8 @@ def fold_constants(
 def _fold_size(node: Node, graph: Graph, values, consts, rule, total: int, limit: int, keep) -> int | None:
     """The bytes folding node would add (as far as known before running it); ModelLimitError beyond limit. None
     when the node is better not folded: an output larger than STANDIN_BYTES and than all its inputs together,
-    that is no parameter (an Expand of a scalar to the batch costs nothing to compute, and its size in the
-    artifact and in memory at every step)."""
+    that is no parameter (an Expand of a scalar to the batch is cheap to compute at every step, and folded it
+    would cost its size in the artifact and in memory)."""
     if node.op_type in ("Shape", "Size"):
         return 0
     infos = [values.get(o) if o else None for o in node.outputs]

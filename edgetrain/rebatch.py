@@ -201,12 +201,18 @@ def _batch_edits(node: Node, env, old, b0: int, batch: int) -> list[tuple[int, i
         return _reshape_edit(node, c, old_in, new_in, old.get(node.outputs[0]), axis, b0, batch)
     if op == "Slice":  # a full slice along the batch axis, x[0:B0], would cut a larger batch to B0
         axes = env.get(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] else None
-        if not isinstance(env.get(node.inputs[1]), np.ndarray) or (
-            axes is not None and not isinstance(axes, np.ndarray)
+        starts = env.get(node.inputs[1])
+        if (
+            axis is None
+            or not old_in
+            or not isinstance(starts, np.ndarray)
+            or (axes is not None and not isinstance(axes, np.ndarray))
         ):
             return []
-        axes = list(range(len(c))) if axes is None else [int(a) % len(old_in) for a in axes]
-        starts = [int(v) for v in env[node.inputs[1]]]
+        axes = list(range(len(c))) if axes is None else [int(a) % len(old_in) for a in axes.ravel()]
+        starts = [int(v) for v in starts.ravel()]
+        if len(axes) != len(c) or len(starts) != len(c):
+            return []  # a malformed Slice: its kernel says so when it runs
         if axis in axes and starts[axes.index(axis)] == 0 and c[axes.index(axis)] >= old_in[axis]:
             return [(pos, axes.index(axis), BIG)]
         return []

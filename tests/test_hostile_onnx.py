@@ -485,11 +485,13 @@ def test_external_data_next_to_the_model_loads(tmp_path):
     [
         ("../outside.bin", {}, "which is not a file inside the model's folder"),
         (None, {}, "which is not a file inside the model's folder"),  # an absolute path
+        ("weights\0.bin", {}, "which is not a file inside the model's folder"),
+        ("x" * 5000, {}, "which is not a file inside the model's folder"),
         ("missing.bin", {}, "which does not exist next to the model"),
         ("weights.bin", {"offset": 40}, "reads bytes 40 to 88 of 'weights.bin', which has 48 bytes"),
         ("weights.bin", {"length": 44}, "declares FLOAT[4, 3] (48 bytes) but its external data is 44 bytes"),
     ],
-    ids=["parent", "absolute", "missing", "beyond-the-end", "short"],
+    ids=["parent", "absolute", "nul", "too-long", "missing", "beyond-the-end", "short"],
 )
 def test_external_data_that_is_refused(tmp_path, location, kw, fault):
     location = str(tmp_path / "outside.bin") if location is None else location
@@ -725,3 +727,29 @@ def test_fuzz_rebatching_a_model_that_makes_nan(tmp_path):
 
 def _y() -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+
+
+def test_fuzz_a_tensor_too_large_for_a_float(tmp_path):
+    """An initializer of 200 dimensions of 2**40: its size overflowed the float that said it in GiB."""
+    w = numpy_helper.from_array(np.zeros(3, np.float32), "w")
+    w.dims[:] = [2**40] * 200
+    path = save(tmp_path, mlp(inits=[w, numpy_helper.from_array(np.zeros(3, np.float32), "b")]))
+    messages = refused(path, et.ModelLimitError, "about 2**8002 bytes", "FLOAT[1099511627776, ")
+    assert all(len(m) < 600 for m in messages), messages
+
+
+def test_fuzz_rebatching_a_slice_whose_starts_are_a_scalar(tmp_path):
+    """Re-batching read a Slice's starts as a list ('iteration over a 0-d array'); ONNX asks for a 1-D tensor,
+    and a scalar one is read as one."""
+    nodes = [
+        helper.make_node("Slice", ["x", "starts", "ends", "axes"], ["s"], name="cut"),
+        helper.make_node("Gemm", ["s", "w", "b"], ["y"], name="fc"),
+    ]
+    inits = _mlp_weights(4) + [
+        numpy_helper.from_array(np.array(1, np.int64), "starts"),
+        numpy_helper.from_array(np.array([99], np.int64), "ends"),
+        numpy_helper.from_array(np.array([1], np.int64), "axes"),
+    ]
+    path = save(tmp_path, mlp(nodes=nodes, inits=inits, x_shape=(1, 5)))
+    art = et.convert(path, loss=et.MSELoss(), optimizer=et.SGD(lr=0.1), batch_size=2)
+    assert art.graph.values[art.data_inputs[0]].shape == (2, 5)
