@@ -522,19 +522,23 @@ Entry = tuple[
 def _entry(name: str, e: Any) -> Entry:
     """One tensor table entry, checked; ValueError saying what is wrong."""
     if not isinstance(e, dict):
-        raise ValueError(f"is {short(e)}, not an object")
+        raise ValueError(f"it is {short(e)}, not an object")
     missing = [k for k in ("dtype", "shape", "offset", "nbytes") if k not in e]
     if missing:
-        raise ValueError(f"lacks '{missing[0]}'")
+        raise ValueError(f"it lacks '{missing[0]}'")
     dtype, shape, offset, nbytes = e["dtype"], e["shape"], e["offset"], e["nbytes"]
     if not isinstance(dtype, str) or dtype not in DTYPES:
-        raise ValueError(f"has the dtype {short(dtype)}; edgetrain files store {', '.join(sorted(DTYPES))}")
+        raise ValueError(
+            f"it has the dtype {short(dtype)}; edgetrain files store {', '.join(sorted(DTYPES))}"
+        )
     dt = np.dtype(dtype).newbyteorder("<")
     size = declared_nbytes(shape, dt.itemsize)
     if type(offset) is not int or offset < 0 or offset % ALIGN:
-        raise ValueError(f"has the offset {short(offset)}, not an int >= 0 and a multiple of {ALIGN}")
+        raise ValueError(f"it has the offset {short(offset)}, not an int >= 0 and a multiple of {ALIGN}")
     if type(nbytes) is not int or nbytes != size:
-        raise ValueError(f"says {short(nbytes)} bytes, but its shape {short(shape)} of {dtype} makes {size}")
+        raise ValueError(
+            f"it says {short(nbytes)} bytes, but its shape {short(shape)} of {dtype} makes {size}"
+        )
     return name, dt, tuple(shape), offset, nbytes
 
 
@@ -552,7 +556,9 @@ def _parse_table(path: str, raw: bytes, max_header: int) -> tuple[dict, list[Ent
         try:
             entries.append(_entry(name, e))
         except ValueError as err:
-            raise _fail(path, f"is corrupt: the tensor table entry of {short(name)} {err}") from None
+            raise _fail(
+                path, f"is corrupt: its tensor table entry for {short(name)} is wrong: {err}"
+            ) from None
     entries.sort(key=lambda t: t[3])
     end = 0
     for name, _, _, offset, nbytes in entries:

@@ -371,7 +371,7 @@ TABLE_FAULTS = {
     # the int64 overflows: a shape whose byte count no array can hold
     "shape_overflows_int64": (
         lambda t: t["w"].update(shape=[2**40, 2**40], nbytes=2**82),
-        r"tensor table entry of 'w' its shape \[1099511627776, 1099511627776\] makes more than 2\*\*63 bytes",
+        r"tensor table entry for 'w' is wrong: its shape \[1099511627776, 1099511627776\] makes more than 2\*\*63",
     ),
     "zero_dim_overflow": (
         lambda t: t["w"].update(shape=[0, 2**62, 4]),
