@@ -137,7 +137,8 @@ def _int(v: Any, where: str, field: str) -> int:
 def _node_at(where: str, k: int, name: str, outputs: Any, op_type: str) -> str:
     """How errors name node k: its index, name (or first output) and op."""
     first = outputs[0] if isinstance(outputs, (list, tuple)) and outputs else "?"
-    return f"{where}, node {k} {short(name or first)} ({short(op_type)})"
+    op = op_type if isinstance(op_type, str) and len(op_type) <= 60 else short(op_type)
+    return f"{where}, node {k} {short(name or first)} ({op})"
 
 
 def _value_info(name: str, v: Any, where: str) -> TensorInfo:
