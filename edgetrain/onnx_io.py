@@ -26,6 +26,7 @@ from .runtime.kernels.registry import PRIVATE_DOMAIN
 
 try:
     import onnx
+    import onnx.inliner
     from onnx import helper, numpy_helper
 except ImportError as _e:  # pragma: no cover - exercised by the numpy-only test
     raise ImportError(

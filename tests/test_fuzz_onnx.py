@@ -2,8 +2,9 @@
 child process under RLIMIT_AS, one input at a time under an alarm): only an EdgeTrainError may come out, and its
 message must name the model file.
 
-- PROTO_BYTES: real small models (an MLP, a LeNet, a residual net, an LSTM classifier) serialized, then bit flips,
-  truncations, splices and duplicated ranges of their bytes, through import_model and convert.
+- PROTO_BYTES: real small models (an MLP, a LeNet, a residual net, an LSTM classifier, a model with a local
+  function) serialized, then bit flips, truncations, splices and duplicated ranges of their bytes, through
+  import_model and convert.
 - PROTO_FIELDS: the same models parsed and changed field by field (dims, element types, names, raw data lengths,
   attribute types and values, duplicated initializers, inputs renamed to nothing, nodes reordered), through
   import_model and convert.
@@ -58,7 +59,40 @@ def seeds() -> list[bytes]:
     n.gemm(h, "fc", 4, 3)
     out.append(n.model([2, 2, 6, 6], 3, "resnet").SerializeToString())
     out.append(_lstm().SerializeToString())
+    out.append(_with_function().SerializeToString())
     return out
+
+
+def _with_function() -> onnx.ModelProto:
+    """x [N, 6] -> local::Block (MatMul, Add, Relu: a model-local function, inlined on import) -> Gemm."""
+    rng = np.random.default_rng(4)
+    body = [
+        helper.make_node("MatMul", ["a", "w"], ["m"]),
+        helper.make_node("Add", ["m", "c"], ["s"]),
+        helper.make_node("Relu", ["s"], ["r"]),
+    ]
+    block = helper.make_function(
+        "local", "Block", ["a", "w", "c"], ["r"], body, [helper.make_opsetid("", 17)]
+    )
+    nodes = [
+        helper.make_node("Block", ["input", "w1", "b1"], ["h"], domain="local", name="block"),
+        helper.make_node("Gemm", ["h", "w2", "b2"], ["output"], name="fc"),
+    ]
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((6, 5)).astype(np.float32), "w1"),
+        numpy_helper.from_array(rng.standard_normal(5).astype(np.float32), "b1"),
+        numpy_helper.from_array(rng.standard_normal((5, 2)).astype(np.float32), "w2"),
+        numpy_helper.from_array(rng.standard_normal(2).astype(np.float32), "b2"),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "function",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 6])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["N", 2])],
+        inits,
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("local", 1)]
+    return helper.make_model(g, opset_imports=opsets, functions=[block])
 
 
 def _lstm() -> onnx.ModelProto:

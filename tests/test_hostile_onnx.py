@@ -753,3 +753,27 @@ def test_fuzz_rebatching_a_slice_whose_starts_are_a_scalar(tmp_path):
     path = save(tmp_path, mlp(nodes=nodes, inits=inits, x_shape=(1, 5)))
     art = et.convert(path, loss=et.MSELoss(), optimizer=et.SGD(lr=0.1), batch_size=2)
     assert art.graph.values[art.data_inputs[0]].shape == (2, 5)
+
+
+def _with_function(body_op: str) -> onnx.ModelProto:
+    """mlp whose Relu is a call of the model-local function local::Act, whose body is one body_op node."""
+    body = helper.make_node(body_op, ["a"], ["b"], domain="local" if body_op == "Act" else "")
+    act = helper.make_function("local", "Act", ["a"], ["b"], [body], [helper.make_opsetid("", 17)])
+    model = mlp()
+    model.graph.node[1].op_type, model.graph.node[1].domain = "Act", "local"
+    model.opset_import.append(helper.make_opsetid("local", 1))
+    model.functions.append(act)
+    return model
+
+
+def test_a_model_local_function_is_inlined(tmp_path):
+    """onnx.inliner was never imported: a model with local functions met an AttributeError (found while
+    checking that a recursive one is refused)."""
+    graph = et.import_model(save(tmp_path, _with_function("Relu")), batch_size=2)
+    assert [n.op_type for n in graph.nodes] == ["Gemm", "Relu"]
+
+
+def test_a_recursive_model_local_function(tmp_path):
+    refused(
+        save(tmp_path, _with_function("Act")), et.ModelError, "local functions cannot be inlined", "recursive"
+    )
