@@ -18,9 +18,11 @@ test at the end of tests/test_hostile_container.py's companion section below.
 
 from __future__ import annotations
 
+import atexit
 import copy
 import functools
 import json
+import shutil
 import tempfile
 import zlib
 from pathlib import Path
@@ -72,6 +74,7 @@ BASES = ("mlp", "resnet_tiny", "recurrent")
 def base(name: str) -> dict[str, Any]:
     """{"artifact": path, "checkpoint": path, "x", "y", "header", "tensors", "ck_header", "ck_tensors"}."""
     folder = Path(tempfile.mkdtemp(prefix=f"edgetrain-fuzz-{name}-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
     if name == "recurrent":
         source, batch = _recurrent_graph(), None
         x = np.random.default_rng(1).standard_normal((4, 4, 3)).astype(np.float32)
