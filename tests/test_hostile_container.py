@@ -726,6 +726,11 @@ ARTIFACT_FAULTS = {
         ArtifactError,
         "is not of the shape and dtype of",
     ),
+    "fused_gradient_of_another_shape": (
+        lambda h, t: h["fused"]["gradients"].__setitem__("fc2.bias", h["fused"]["gradients"]["fc1.weight"]),
+        ArtifactError,
+        r"the gradient '.*' of 'fc2.bias' is declared float32\[128x784\], not float32\[10\] like its parameter",
+    ),
     "fused_program_overlaps": (
         lambda h, t: h["fused"]["plan"].__setitem__("offsets", {k: 0 for k in h["fused"]["plan"]["offsets"]}),
         ArtifactError,
