@@ -798,3 +798,18 @@ def test_a_recursive_model_local_function(tmp_path):
     refused(
         save(tmp_path, _with_function("Act")), et.ModelError, "local functions cannot be inlined", "recursive"
     )
+
+
+def test_a_fixed_leading_dimension_beside_a_symbolic_one(tmp_path):
+    """A time-major input [100, N, 3]: its leading 100 is taken for a fixed batch, and re-batching ran on zeros
+    of a shape holding 'N' (a TypeError); it is a RebatchError, which `edgetrain convert` answers by keeping the
+    model's batch when --batch-size is not given."""
+    nodes = [
+        helper.make_node("ReduceMean", ["x"], ["m"], axes=[0], keepdims=0, name="mean"),
+        helper.make_node("Gemm", ["m", "w", "b"], ["y"], name="fc"),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [100, "N", 4])
+    path = save(tmp_path, mlp(nodes=nodes, inputs=[x]))
+    with pytest.raises(et.RebatchError) as e:
+        et.convert(path, loss=et.MSELoss(), optimizer=et.SGD(lr=0.1), batch_size=2)
+    assert str(path) in str(e.value) and "input 'x' (float32[100xNx4])" in str(e.value)
