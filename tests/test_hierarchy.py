@@ -199,3 +199,23 @@ def test_field_reader_accepts_what_a_trainer_writes():
     assert f(state, "best", float, "w", none=True) is None and f(state, "history", list, "w") == []
     assert f(state, "best_epoch", int, "w", none=True, default=None) is None
     json.dumps(state)
+
+
+def test_a_session_takes_the_callers_bounds(mlp_path):
+    # the bounds an artifact is read within are the caller's to raise or lower (SECURITY.md)
+    with pytest.raises(et.ArtifactLimitError, match="arena") as e:
+        et.TrainingSession(mlp_path, max_arena_bytes=1024)
+    assert isinstance(e.value, MemoryError)
+    with pytest.raises(et.ArtifactLimitError):
+        et.TrainingSession(mlp_path, max_header_bytes=256)
+    assert et.TrainingSession(mlp_path, max_arena_bytes=8 << 30, max_header_bytes=128 << 20).step == 0
+
+
+def test_a_loss_that_is_not_one_number_is_an_execution_error():
+    from edgetrain.runtime.training import _scalar
+
+    assert _scalar(np.float32(2.5), "loss") == 2.5 and _scalar(np.array([[1.0]]), "loss") == 1.0
+    with pytest.raises(et.ExecutionError, match=r"'loss' came out as float32 of shape \[3\], not one number"):
+        _scalar(np.zeros(3, np.float32), "loss")
+    with pytest.raises(et.ExecutionError, match="not one number"):
+        _scalar(np.array(["a"], dtype=object), "loss")

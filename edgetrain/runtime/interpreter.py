@@ -93,8 +93,10 @@ class Interpreter:
         preallocate: bool = True,
         plan: MemoryPlan | None = None,
         bind: Mapping[str, np.ndarray] | None = None,
+        max_arena_bytes: int | None = None,
     ):
         self.graph = graph
+        self.max_arena_bytes = max_arena_bytes  # the plan's ceiling (memory.MAX_ARENA_BYTES when None)
         self.plan = plan
         self.arena: np.ndarray | None = None  # under a plan: the bytes every planned value lives in
         names = list(graph.inputs) + list(graph.initializers)
@@ -155,7 +157,7 @@ class Interpreter:
         from ..memory import check_plan
 
         g = self.graph
-        check_plan(g, plan)
+        check_plan(g, plan, max_arena_bytes=self.max_arena_bytes)
         try:
             raw = np.empty(plan.arena_size + plan.alignment, np.uint8)
         except MemoryError:

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..artifact import load_artifact
-from ..errors import ArtifactError, FeedError, NonFiniteError, UnsupportedError
+from ..errors import ArtifactError, ExecutionError, FeedError, NonFiniteError, UnsupportedError
 from ..passes import make_static, prune
 from ..rebatch import apply_batch_plan, fixed_batch
 from .interpreter import Interpreter, check_feeds
@@ -27,12 +27,24 @@ class TrainingSession:
     """
 
     def __init__(
-        self, path: str | os.PathLike, *, verify: bool = True, fused: bool = True, threads: int | None = None
+        self,
+        path: str | os.PathLike,
+        *,
+        verify: bool = True,
+        fused: bool = True,
+        threads: int | None = None,
+        max_header_bytes: int | None = None,
+        max_arena_bytes: int | None = None,
     ):
+        """max_header_bytes and max_arena_bytes raise the bounds an artifact is read within (container.
+        MAX_HEADER_BYTES, memory.MAX_ARENA_BYTES: 64 MiB of header, a 4 GiB arena): see SECURITY.md."""
         from .session import _apply_threads
 
         self.threads = _apply_threads(threads)  # BLAS threads (the process's); None: left as they are
-        self.artifact = art = load_artifact(path, verify=verify)
+        self.artifact = art = load_artifact(
+            path, verify=verify, max_header_bytes=max_header_bytes, max_arena_bytes=max_arena_bytes
+        )
+        limit = {"max_arena_bytes": max_arena_bytes}
         io = art.io
         self._io = io
         # With a fused optimizer (SGD, Adam, AdamW), the session runs the step without its update nodes, writes
@@ -48,11 +60,11 @@ class TrainingSession:
                 for p in io["parameters"]
                 if f["gradients"][p] in f["program"].outputs
             }
-            self._step_program = Interpreter(f["program"], plan=f["plan"], bind=bind)
+            self._step_program = Interpreter(f["program"], plan=f["plan"], bind=bind, **limit)
             self._bind = bind
             self._grad_of = {p: f["gradients"][p] for p in io["parameters"]}
         else:
-            self._step_program = Interpreter(art.program, plan=art.plan)
+            self._step_program = Interpreter(art.program, plan=art.plan, **limit)
             self._bind: dict[str, np.ndarray] = {}
             # Parameters and state are owned by the session: writable copies of the file's read-only maps.
             self._values = {k: np.array(v) for k, v in art.initial.items()}
@@ -138,7 +150,7 @@ class TrainingSession:
         feeds = self._feeds(x, y)
         out = self._run_step(feeds)
         results = dict(zip(self._step_program.graph.outputs, out))
-        loss = float(results[self._io["loss"]])
+        loss = _scalar(results[self._io["loss"]], self._io["loss"])
         if self._fused is not None:
             return self._fused_step(loss, results)
         updates = self._io["updates"]
@@ -225,6 +237,12 @@ class TrainingSession:
         ) in self._grad_of.items():  # a gradient the program did not write into its view (a constant)
             r = results.get(name)
             if r is not None and r is not grads[p]:
+                if np.shape(r) != grads[p].shape:  # the program computed other than it declared
+                    raise ExecutionError(
+                        f"the step's gradient '{name}' of '{p}' has shape {list(np.shape(r))}, but the parameter "
+                        f"has {list(grads[p].shape)}: the artifact's program does not compute what it declares; "
+                        "convert the model again"
+                    )
                 np.copyto(grads[p], r)
         bad = self._fused.update(self._lr)
         if bad:
@@ -513,3 +531,16 @@ def _checkpoint_fields(path: str | os.PathLike, header: dict[str, Any]) -> tuple
     if bad:
         raise ArtifactError(f"checkpoint '{path}': {bad}; it is damaged or was not written by edgetrain")
     return step, float(lr), user
+
+
+def _scalar(value: np.ndarray, name: str) -> float:
+    """The step's loss as a float: one element, or an ExecutionError (a program that computes other than it
+    declares; load_artifact refuses every declaration that could, but a node's arithmetic is only known by running
+    it)."""
+    a = np.asarray(value)
+    if a.size != 1 or a.dtype.kind not in "fiu":
+        raise ExecutionError(
+            f"the step's loss '{name}' came out as {a.dtype} of shape {list(a.shape)}, not one number: the "
+            "artifact's program does not compute what it declares; convert the model again"
+        )
+    return float(a.reshape(()))
