@@ -126,11 +126,12 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
 
 
-def import_model(model, *, batch_size=None, shapes=None):
-    """ONNX model (path, bytes or ModelProto) -> static edgetrain Graph. Needs onnx."""
+def import_model(model, *, batch_size=None, shapes=None, max_bytes=None):
+    """ONNX model (path, bytes or ModelProto) -> static edgetrain Graph. Needs onnx. max_bytes bounds the model's
+    initializers and folded constants (edgetrain.passes.MAX_PARAMETER_BYTES, 4 GiB: see SECURITY.md)."""
     from .onnx_io import import_model as _import
 
-    return _import(model, batch_size=batch_size, shapes=shapes)
+    return _import(model, batch_size=batch_size, shapes=shapes, max_bytes=max_bytes)
 
 
 class _Package(types.ModuleType):

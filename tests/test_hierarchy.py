@@ -219,3 +219,23 @@ def test_a_loss_that_is_not_one_number_is_an_execution_error():
         _scalar(np.zeros(3, np.float32), "loss")
     with pytest.raises(et.ExecutionError, match="not one number"):
         _scalar(np.array(["a"], dtype=object), "loss")
+
+
+def test_import_model_takes_the_callers_bound(tmp_path):
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.ones((64, 64), np.float32), "w")
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "m",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 64])],
+        [w],
+    )
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    path = tmp_path / "m.onnx"
+    path.write_bytes(model.SerializeToString())
+    with pytest.raises(et.ModelLimitError, match="m.onnx") as e:
+        et.import_model(path, max_bytes=1000)  # 16 KiB of weights
+    assert isinstance(e.value, MemoryError)
+    assert et.import_model(path, max_bytes=1 << 20).initializers["w"].shape == (64, 64)
