@@ -181,7 +181,10 @@ CHILD = textwrap.dedent(
     except BaseException as e:
         outcome = {"class": type(e).__name__, "mro": [c.__name__ for c in type(e).__mro__], "message": str(e),
                    "limit": getattr(e, "limit", None), "needed": getattr(e, "needed", None)}
-    outcome["maxrss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    # the child's own high-water mark: VmHWM (ru_maxrss carries over the parent's from before the exec)
+    with open("/proc/self/status") as f:
+        hwm = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+    outcome["maxrss_mib"] = hwm / 1024
     print("RESULT " + json.dumps(outcome))
     """
 )
