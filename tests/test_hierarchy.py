@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -198,7 +197,6 @@ def test_field_reader_accepts_what_a_trainer_writes():
     assert f(state, "epoch", int, "w") == 3 and f(state, "loss_sum", float, "w") == 1.25
     assert f(state, "best", float, "w", none=True) is None and f(state, "history", list, "w") == []
     assert f(state, "best_epoch", int, "w", none=True, default=None) is None
-    json.dumps(state)
 
 
 def test_a_session_takes_the_callers_bounds(mlp_path):

@@ -503,7 +503,10 @@ def test_finite_check_costs_one_pass_over_mnist_sized_data(report):
     ArrayDataView(x, y)
     checked = time.perf_counter() - t
     t = time.perf_counter()
-    loaders.views.first_nonfinite(x)
+    assert loaders.views.first_nonfinite(x) is None
+    x[59_999, 783] = np.inf  # the last value of the last sample: the chunks reach the end
+    x[41_000, 5] = np.nan
+    assert loaders.views.first_nonfinite(x) == (41_000, (5,), pytest.approx(np.nan, nan_ok=True), 2)
     report(
         "loaders",
         f"finite check of 60,000 x 784 float32: ArrayDataView {checked * 1e3:.0f} ms in all "

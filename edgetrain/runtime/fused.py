@@ -207,7 +207,8 @@ class FusedOptimizer:
         from .training import _usable
 
         bad = []
-        if not np.isfinite(np.dot(g.params, g.params)):
+        together = np.isfinite(np.dot(g.params, g.params))
+        if not together:
             views = g.views(g.params)
             bad += [n for n, v in views.items() if not _usable(v)]
         for kind, buf in g.state.items():
@@ -218,7 +219,7 @@ class FusedOptimizer:
             if not np.isfinite(np.dot(buf, buf)):
                 views = g.views(buf)
                 bad += [self.state_name.get((kind, w), w) for w, v in views.items() if not _usable(v)]
-        if (g.params.size or g.state) and not bad and not np.isfinite(np.dot(g.params, g.params)):
+        if not bad and not together:
             bad.append("the parameters together (their squared norm overflows)")
         return bad
 
