@@ -19,7 +19,7 @@ bit for bit) guards the rest.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -294,8 +294,11 @@ class Split:
     total_nodes: int
 
 
-def split_step(graph: Graph, data_inputs: Sequence[str]) -> tuple[Split | None, str]:
-    """(the step cut after its frozen prefix, "") or (None, why there is nothing worth caching)."""
+def split_step(
+    graph: Graph, data_inputs: Sequence[str], *, exclude: Collection[str] = ()
+) -> tuple[Split | None, str]:
+    """(the step cut after its frozen prefix, "") or (None, why there is nothing worth caching). Nodes that
+    compute a value named in exclude (found to move rows, see FeatureCache.position_dependent) end the prefix."""
     first = graph.values[data_inputs[0]]
     if not first.is_static or not first.shape:
         return None, "the training program's batch is symbolic"
@@ -329,8 +332,15 @@ def split_step(graph: Graph, data_inputs: Sequence[str]) -> tuple[Split | None, 
             st = rule(n, f) if rule is not None else MIXED
         except (IndexError, KeyError, TypeError, ValueError):  # a shape or constant the rule cannot read
             st = MIXED
-        if st == MIXED:
-            why = "no rule says it keeps samples apart" if rule is None else "it mixes the samples of a batch"
+        moves = any(o in exclude for o in n.outputs if o)
+        if st == MIXED or moves:
+            why = (
+                "its results for a sample change with the sample's position in the batch"
+                if moves
+                else "no rule says it keeps samples apart"
+                if rule is None
+                else "it mixes the samples of a batch"
+            )
             stop = stop or f"{n.label}: {why}"
             for o in n.outputs:
                 if o:
@@ -483,6 +493,27 @@ class FeatureCache:
         flipped = {k: np.ascontiguousarray(v[::-1]) for k, v in feeds.items()}
         a, b = self.prefix.run(feeds), self.prefix.run(flipped)
         return all(np.array_equal(x[::-1], y, equal_nan=True) for x, y in zip(a, b))
+
+    def position_dependent(self, data: Mapping[str, np.ndarray]) -> list[str]:
+        """The prefix's values whose rows differ, bit for bit, between the batch and the batch reversed: where a
+        sample's results depend on its position in the batch."""
+        feeds = {k: data[k] for k in self.split.prefix.inputs}
+        if next(iter(feeds.values())).shape[0] < 2:
+            return []
+        g = self.split.prefix
+        rows = set(g.inputs)  # the values computed from the data (the others are constants)
+        for n in g.nodes:
+            if any(i in rows for i in n.inputs):
+                rows.update(o for o in n.outputs if o)
+        every = g.copy(outputs=list(dict.fromkeys(o for n in g.nodes for o in n.outputs if o in rows)))
+        run = Interpreter(every, preallocate=False)
+        flipped = {k: np.ascontiguousarray(v[::-1]) for k, v in feeds.items()}
+        a, b = run.run(feeds), run.run(flipped)
+        return [
+            name
+            for name, x, y in zip(every.outputs, a, b)
+            if not np.array_equal(x[::-1], y, equal_nan=True)
+        ]
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         """The step program's outputs for feeds (the whole program's feeds)."""

@@ -77,6 +77,7 @@ class TrainingSession:
         self._data_graph = None
         self._cache = None  # the frozen prefix's feature cache, when enabled
         self._cache_reason = "not enabled"
+        self._cache_args: dict[str, Any] = {}  # FeatureCache's settings, for a prefix cut back (see _checked_cache)
 
     def _make_fused(self, art):
         from .fused import FusedOptimizer, fusable
@@ -189,8 +190,8 @@ class TrainingSession:
             self._cache, self._cache_reason = None, reason
         else:
             tag = f"{self.artifact.program_id}:{'fused' if self._fused is not None else 'graph'}"
-            cache = FeatureCache(split, tag=tag, max_bytes=budget, bind=self._bind, rows=rows)
-            self._cache, self._cache_reason = cache, ""
+            self._cache_args = {"tag": tag, "max_bytes": budget, "bind": self._bind, "rows": rows}
+            self._cache, self._cache_reason = FeatureCache(split, **self._cache_args), ""
         return self.feature_cache_info()
 
     @property
@@ -215,14 +216,36 @@ class TrainingSession:
         if cache is None:
             return self._step_program.run(feeds)
         if not cache.rows.checked:
-            if not cache.rows_independent(feeds):
-                self.disable_feature_cache(
-                    "the frozen part's results for a sample change with its position in the batch (checked on "
-                    "the first batch, bit for bit), so they cannot be reused across batches"
-                )
+            cache = self._checked_cache(cache, feeds)
+            if cache is None:
                 return self._step_program.run(feeds)
-            cache.rows.checked = True
         return cache.run(feeds)
+
+    def _checked_cache(self, cache: Any, feeds: dict[str, np.ndarray]) -> Any:
+        """The cache, once its prefix gives each sample of the first batch the same rows wherever the sample sits
+        in the batch; or None (the cache turned off). Where only the prefix's last nodes move rows (a BLAS whose
+        matrix product rounds a row by its position in the batch), the prefix is cut back before them and the
+        cut prefix is checked in turn: the convolutions stay cached, the products run in every step."""
+        from .prefix import FeatureCache, split_step
+
+        moving: set[str] = set()
+        while True:
+            if cache.rows_independent(feeds):
+                cache.rows.checked = True
+                return cache
+            found = set(cache.position_dependent(feeds)) - moving
+            if not found:
+                break
+            moving |= found
+            split, _ = split_step(self._step_program.graph, self._io["data_inputs"], exclude=moving)
+            if split is None:
+                break
+            cache = self._cache = FeatureCache(split, **self._cache_args)
+        self.disable_feature_cache(
+            "the frozen part's results for a sample change with its position in the batch (checked on "
+            "the first batch, bit for bit), so they cannot be reused across batches"
+        )
+        return None
 
     def _fused_step(self, loss: float, results: dict[str, np.ndarray]) -> float:
         if not math.isfinite(loss):
