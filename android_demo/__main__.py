@@ -202,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:  # one clear line; --debug shows the traceback
         if args.debug:
             raise
-        from edgetrain.errors import EdgeTrainError
+        from edgetrain.core.errors import EdgeTrainError
         from loaders import DataError
 
         text = (

@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 
 import edgetrain as et
-from edgetrain.container import atomic_write
-from edgetrain.trainer import evaluate, session_batch
+from edgetrain.core.container import atomic_write
+from edgetrain.runtime.trainer import evaluate, session_batch
 from loaders import DataLoader, SampleStore
 
 from .policy import may_train
@@ -274,7 +274,7 @@ class Home:
     def add_data(self, path: str, *, layout: str | None = None) -> tuple[int, list[str]]:
         """Adds every sample of a data file (anything loaders.open_data reads), fitted to the model's input as
         `edgetrain train` fits it; returns (count, notices)."""
-        from edgetrain.feeding import DataOptions, open_feed
+        from edgetrain.runtime.feeding import DataOptions, open_feed
 
         sess = self._inference()
         feed = open_feed(path, "train", sess, DataOptions(layout=layout))
@@ -467,7 +467,7 @@ class Home:
     # ---- reports -------------------------------------------------------------------------------------------------
     def evaluate_data(self, path: str, *, layout: str | None = None) -> dict[str, Any]:
         """{"accuracy", "loss", "samples"} of the current model on a data file."""
-        from edgetrain.feeding import DataOptions, open_feed
+        from edgetrain.runtime.feeding import DataOptions, open_feed
 
         sess = self.session()
         feed = open_feed(path, "test", sess, DataOptions(layout=layout))

@@ -16,7 +16,7 @@ import os
 import shutil
 import subprocess
 
-from edgetrain.errors import ConfigError
+from edgetrain.core.errors import ConfigError
 
 POLICIES = ("always", "charging", "charging-idle")
 

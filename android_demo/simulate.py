@@ -17,7 +17,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from edgetrain.trainer import evaluate, session_batch
+from edgetrain.runtime.trainer import evaluate, session_batch
 from loaders import DataLoader, MnistDataView, SubsetView
 
 from .app import Home, remove_home

@@ -6,11 +6,9 @@ costs a few milliseconds, works on a phone without onnx, and loads neither the c
 a name of theirs is asked for.
 """
 
-import sys
-import types
 from importlib import import_module
 
-from .errors import (
+from .core.errors import (
     ArtifactError,
     ArtifactLimitError,
     ConfigError,
@@ -47,6 +45,7 @@ __all__ = [
     "Graph",
     "GraphBuilder",
     "ILoss",
+    "ILRSchedule",
     "IOptimizer",
     "InferenceSession",
     "L1Loss",
@@ -75,45 +74,45 @@ __all__ = [
     "import_model",
 ]
 
-# public name -> the submodule that defines it (imported on first access)
+# public name -> the module that defines it (imported on first access)
 _LAZY = {
-    "TrainingArtifact": "convert",
-    "Graph": "ir",
-    "GraphBuilder": "ir",
-    "Node": "ir",
-    "TensorInfo": "ir",
-    "BCEWithLogitsLoss": "losses",
-    "CrossEntropyLoss": "losses",
-    "ILoss": "losses",
-    "L1Loss": "losses",
-    "MSELoss": "losses",
-    "SGD": "optimizers",
-    "Adam": "optimizers",
-    "AdamW": "optimizers",
-    "IOptimizer": "optimizers",
-    "InferenceSession": "runtime",
-    "TrainingSession": "runtime",
-    "Trainer": "trainer",
-    "TrainResult": "trainer",
-    "ConstantLR": "schedules",
-    "CosineLR": "schedules",
-    "StepLR": "schedules",
-    "WarmupLR": "schedules",
+    "convert": "edgetrain.derive.pipeline",
+    "TrainingArtifact": "edgetrain.derive.artifact",
+    "Graph": "edgetrain.core.ir",
+    "GraphBuilder": "edgetrain.core.ir",
+    "Node": "edgetrain.core.ir",
+    "TensorInfo": "edgetrain.core.ir",
+    "BCEWithLogitsLoss": "edgetrain.derive.losses",
+    "CrossEntropyLoss": "edgetrain.derive.losses",
+    "ILoss": "edgetrain.derive.losses",
+    "L1Loss": "edgetrain.derive.losses",
+    "MSELoss": "edgetrain.derive.losses",
+    "SGD": "edgetrain.derive.optimizers",
+    "Adam": "edgetrain.derive.optimizers",
+    "AdamW": "edgetrain.derive.optimizers",
+    "IOptimizer": "edgetrain.derive.optimizers",
+    "InferenceSession": "edgetrain.runtime",
+    "TrainingSession": "edgetrain.runtime",
+    "Trainer": "edgetrain.runtime.trainer",
+    "TrainResult": "edgetrain.runtime.trainer",
+    "ConstantLR": "edgetrain.runtime.schedules",
+    "CosineLR": "edgetrain.runtime.schedules",
+    "StepLR": "edgetrain.runtime.schedules",
+    "WarmupLR": "edgetrain.runtime.schedules",
+    "ILRSchedule": "edgetrain.runtime.schedules",
+    "DataError": "loaders.errors",  # the loaders' errors, in this hierarchy (loaders/errors.py)
+    "DataLimitError": "loaders.errors",
 }
 
 
 def __getattr__(name: str):
-    if name in ("DataError", "DataLimitError"):  # the loaders' errors, in this hierarchy (loaders/errors.py)
-        value = getattr(import_module("loaders.errors"), name)
-        globals()[name] = value
-        return value
     module = _LAZY.get(name)
     if module is not None:
-        value = getattr(import_module(f"{__name__}.{module}"), name)
+        value = getattr(import_module(module), name)
         globals()[name] = value  # found directly from now on
         return value
     if not name.startswith("_"):
-        # submodules as attributes (et.runtime, et.trainer), as when this package imported them eagerly
+        # the layers as attributes (et.runtime, et.derive), as for any imported subpackage
         try:
             return import_module(f"{__name__}.{name}")
         except ModuleNotFoundError as e:
@@ -128,28 +127,7 @@ def __dir__() -> list[str]:
 
 def import_model(model, *, batch_size=None, shapes=None, max_bytes=None):
     """ONNX model (path, bytes or ModelProto) -> static edgetrain Graph. Needs onnx. max_bytes bounds the model's
-    initializers and folded constants (edgetrain.passes.MAX_PARAMETER_BYTES, 4 GiB: see SECURITY.md)."""
-    from .onnx_io import import_model as _import
+    initializers and folded constants (edgetrain.graph.passes.MAX_PARAMETER_BYTES, 4 GiB: see SECURITY.md)."""
+    from .onnx_io.reader import import_model as _import  # needs onnx: an optional dependency
 
     return _import(model, batch_size=batch_size, shapes=shapes, max_bytes=max_bytes)
-
-
-class _Package(types.ModuleType):
-    """`convert` names both a submodule and the function this package exports. Whoever imports the submodule first
-    (`from edgetrain.convert import ...`) makes importlib set the package's attribute to the module; a property
-    keeps the attribute the function, as when this package imported it eagerly."""
-
-    @property
-    def convert(self):
-        fn = self.__dict__.get("_convert")
-        if fn is None:
-            fn = self.__dict__["_convert"] = import_module(f"{__name__}.convert").convert
-        return fn
-
-    @convert.setter
-    def convert(self, value) -> None:
-        if not (isinstance(value, types.ModuleType) and value.__name__ == f"{__name__}.convert"):
-            self.__dict__["_convert"] = value  # e.g. a test's monkeypatch
-
-
-sys.modules[__name__].__class__ = _Package

@@ -15,7 +15,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from .errors import ConfigError
+from .core.errors import ConfigError
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 BASE_MODEL = os.path.join(DATA, "digits_lenet.onnx")  # the default model's
@@ -223,7 +223,7 @@ def _story(
     import edgetrain as et
     from loaders import DataLoader, MnistDataView
 
-    from .progress import TrainProgress, duration, percent
+    from .runtime.progress import TrainProgress, duration, percent
 
     out = stream if stream is not None else sys.stdout
     t_start = time.perf_counter()

@@ -1,6 +1,6 @@
 """A data fault (file path + what is wrong) -> DataError, the one exception loaders raises for bad data.
 
-The classes belong to edgetrain's one hierarchy (edgetrain.errors, a module that imports nothing): DataError is an
+The classes belong to edgetrain's one hierarchy (edgetrain.core.errors, a module that imports nothing): DataError is an
 `edgetrain.EdgeTrainError` and a ValueError, DataLimitError also a `LimitError` and a MemoryError, and bad arguments
 (a batch size of 0, fractions that do not add up) raise edgetrain's ConfigError, a ValueError too. loaders imports
 nothing else of edgetrain; where edgetrain is not there at all (the package copied alone onto a device), the same
@@ -11,7 +11,7 @@ SampleIndexError, an index out of a view's range, is a DataError and an IndexErr
 from __future__ import annotations
 
 try:
-    from edgetrain.errors import ConfigError, EdgeTrainError, LimitError
+    from edgetrain.core.errors import ConfigError, EdgeTrainError, LimitError
 except ImportError:  # loaders without edgetrain: the same shapes on the builtins
 
     class EdgeTrainError(Exception):

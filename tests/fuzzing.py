@@ -110,7 +110,7 @@ def _child(spec: str, n: int, s: int) -> None:
     from hypothesis import HealthCheck, given, settings
     from hypothesis import seed as hseed
 
-    from edgetrain.errors import EdgeTrainError
+    from edgetrain.core.errors import EdgeTrainError
 
     target = _load(spec)
     counts: Counter = Counter()

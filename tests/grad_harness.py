@@ -8,10 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from edgetrain.autodiff import GradContext, ShapedBuilder, differentiate
-from edgetrain.ir import Graph, Node, TensorInfo
-from edgetrain.passes import infer_shapes
-from edgetrain.runtime.interpreter import Interpreter
+from edgetrain.core.interpreter import Interpreter
+from edgetrain.core.ir import Graph, Node, TensorInfo
+from edgetrain.derive.autodiff import GradContext, ShapedBuilder, differentiate
+from edgetrain.graph.passes import infer_shapes
 
 # op -> the largest relative finite-difference error any check_grad saw (conftest prints it after the run)
 WORST: dict[str, float] = {}
@@ -162,11 +162,12 @@ def check_against_onnxruntime(
     import onnx
     import onnxruntime as ort
 
-    from edgetrain.onnx_io import to_onnx
+    from edgetrain.derive.autodiff import expand_body
+    from edgetrain.onnx_io.writer import to_onnx
 
     graph, names, feeds = build(op_type, inputs, attrs, wrt, n_outputs, seed, np.float32, opset, seeded)
     ours = Interpreter(graph, preallocate=False).run(feeds)
-    model = to_onnx(graph)
+    model = to_onnx(graph, body=expand_body)
     onnx.checker.check_model(model, full_check=True)
     so = ort.SessionOptions()
     so.log_severity_level = 3
@@ -193,7 +194,7 @@ def rnd(*shape, seed=0, lo=None, hi=None, away=(), margin=0.05):
 
 def grads_of(nodes, feeds, loss, wrt):
     """Runs differentiate on a small hand-built graph: ({param: gradient name or None}, gradient values)."""
-    from edgetrain.autodiff import GradContext
+    from edgetrain.derive.autodiff import GradContext
 
     values = {k: TensorInfo(v.dtype, v.shape) for k, v in feeds.items()}
     g = infer_shapes(Graph(nodes, list(feeds), [loss], {}, values, opset=18))

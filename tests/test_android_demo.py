@@ -22,7 +22,7 @@ import edgetrain as et
 from android_demo.app import Home
 from android_demo.policy import may_train
 from android_demo.simulate import ARTIFACT, _new_user, heldout_accuracy
-from edgetrain.container import read_container
+from edgetrain.core.container import read_container
 
 ROOT = Path(__file__).resolve().parents[1]
 USER, HELD = _new_user()
@@ -250,7 +250,7 @@ import json, sys, tempfile
 import numpy as np
 import android_demo.app, android_demo.policy, android_demo.simulate, android_demo.server  # the whole device side
 import android_demo.__main__
-import edgetrain.runtime, edgetrain.trainer, edgetrain.feeding, loaders
+import edgetrain.runtime, edgetrain.runtime.trainer, edgetrain.runtime.feeding, loaders
 from android_demo.simulate import simulate
 r = simulate(quick=True, out=None)
 assert r["losses"] and r["accuracy"][-1] >= r["base_accuracy"]

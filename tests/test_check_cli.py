@@ -70,8 +70,8 @@ def test_check_bad_file_is_one_clear_line(tmp_path):
 
 
 def test_check_ops_lists_every_supported_op_grouped_with_gradient_rules():
-    from edgetrain.autodiff import rules  # noqa: F401
-    from edgetrain.autodiff.driver import RULES
+    from edgetrain.derive.autodiff import rules  # noqa: F401
+    from edgetrain.derive.autodiff.registry import RULES
     from edgetrain.runtime import supported_ops
 
     proc = run_cli("check", "--ops")

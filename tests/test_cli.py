@@ -22,8 +22,8 @@ from device import PYTHONS, run_on_device
 from models import mlp
 
 import edgetrain as et
-from edgetrain.container import read_container
-from edgetrain.progress import TrainProgress
+from edgetrain.core.container import read_container
+from edgetrain.runtime.progress import TrainProgress
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "edgetrain" / "data"

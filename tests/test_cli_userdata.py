@@ -23,7 +23,7 @@ from onnx import TensorProto, helper, numpy_helper
 from test_cli import ROOT, cli, ok
 
 import edgetrain as et
-from edgetrain.container import read_container
+from edgetrain.core.container import read_container
 
 
 # ---- helpers -------------------------------------------------------------------------------------------------------

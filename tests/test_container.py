@@ -1,5 +1,5 @@
-"""The container format (edgetrain.container) and graph serialization (edgetrain.serialize): round trips of every
-dtype, byte-identical re-writes, 64-byte alignment, zero-copy reads, one distinct error per kind of damage, the
+"""The container format (edgetrain.core.container) and graph serialization (edgetrain.core.serialize): round trips
+of every dtype, byte-identical re-writes, 64-byte alignment, zero-copy reads, one distinct error per kind of damage, the
 frozen format-1 fixture, atomic writes (failures midway and real SIGKILLs), and graphs of real models that read
 back equal and compute identical outputs.
 
@@ -27,8 +27,8 @@ from device import PYTHONS, run_on_device
 from models import MODELS, batch_for
 
 import edgetrain as et
-from edgetrain import container
-from edgetrain.container import (
+from edgetrain.core import container
+from edgetrain.core.container import (
     CURRENT_VERSION,
     MAGIC,
     SUPPORTED_VERSIONS,
@@ -36,10 +36,10 @@ from edgetrain.container import (
     read_container,
     write_container,
 )
-from edgetrain.errors import ArtifactError, MissingFileError, StorageError, UnsupportedError
-from edgetrain.ir import Graph, Node, TensorInfo
-from edgetrain.runtime.interpreter import Interpreter
-from edgetrain.serialize import graph_from_dict, graph_to_dict
+from edgetrain.core.errors import ArtifactError, MissingFileError, StorageError, UnsupportedError
+from edgetrain.core.interpreter import Interpreter
+from edgetrain.core.ir import Graph, Node, TensorInfo
+from edgetrain.core.serialize import graph_from_dict, graph_to_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = Path(__file__).parent / "data" / "container_v1.etck"
@@ -413,7 +413,7 @@ def test_written_files_get_the_usual_permissions(tmp_path):
 KILL_SCRIPT = textwrap.dedent("""
     import sys
     import numpy as np
-    from edgetrain.container import write_container
+    from edgetrain.core.container import write_container
     path = sys.argv[1]
     big = np.empty(3_000_000, np.float32)
     i = 0
@@ -662,8 +662,8 @@ def test_unstorable_attributes_and_missing_tensors():
 # ---- numpy only --------------------------------------------------------------------------------------------------
 NUMPY_ONLY = """
     import numpy as np
-    from edgetrain.container import read_container, write_container
-    from edgetrain.serialize import graph_from_dict, graph_to_dict
+    from edgetrain.core.container import read_container, write_container
+    from edgetrain.core.serialize import graph_from_dict, graph_to_dict
     header, tensors = read_container(sys.argv[1], kind="checkpoint")
     write_container(sys.argv[2], kind="checkpoint", header=header, tensors=tensors)
     assert open(sys.argv[1], "rb").read() == open(sys.argv[2], "rb").read()

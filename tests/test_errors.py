@@ -142,9 +142,9 @@ def test_unsupported_op_suggests_the_nearest_alternative(op, domain, attrs, advi
 def test_the_alternatives_name_only_ops_edgetrain_has():
     """Every ONNX op an advice names runs in edgetrain (a gradient advice: has a rule), and no real ONNX op edgetrain
     lacks is answered with a look-alike name (MaxUnpool is not MaxPool, Acosh is not Cos)."""
-    from edgetrain import alternatives as alt
-    from edgetrain.autodiff import rules  # noqa: F401
-    from edgetrain.autodiff.driver import RULES
+    from edgetrain.core import alternatives as alt
+    from edgetrain.derive.autodiff import rules  # noqa: F401
+    from edgetrain.derive.autodiff.registry import RULES
 
     onnx_ops = {s.name for s in onnx.defs.get_all_schemas_with_history() if s.domain in ("", "ai.onnx")}
     supported = set(et.runtime.supported_ops())

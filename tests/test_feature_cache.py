@@ -18,7 +18,7 @@ from models import MODELS, lenet, resnet_tiny
 from onnx import TensorProto, helper, numpy_helper
 
 import edgetrain as et
-from edgetrain.runtime import prefix as prefix_mod
+from edgetrain.runtime import feature_cache as prefix_mod
 from loaders import ArrayDataView, DataLoader
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -278,7 +278,8 @@ def test_a_product_that_rounds_rows_by_position_is_cut_off_the_prefix(tmp_path, 
     runs the products in every step: still on, still bit for bit."""
     import dataclasses
 
-    from edgetrain.runtime.kernels import KERNELS, registry
+    from edgetrain.core.kernels import KERNELS
+    from edgetrain.core.ops import record
 
     gemm = KERNELS["Gemm"]
 
@@ -286,7 +287,7 @@ def test_a_product_that_rounds_rows_by_position_is_cut_off_the_prefix(tmp_path, 
         y = gemm.fn(a, b, c, **{k: v for k, v in kw.items() if k != "out"})
         return y + np.float32(1e-3) * np.arange(len(y), dtype=np.float32)[:, None]  # row i gets i * 1e-3
 
-    monkeypatch.setitem(registry.KERNELS, "Gemm", dataclasses.replace(gemm, fn=by_position, writes_out=False))
+    monkeypatch.setattr(record("Gemm"), "kernel", dataclasses.replace(gemm, fn=by_position, writes_out=False))
     path = _artifact(tmp_path, lenet(batch=BATCH), ["fc3.*"])
     x, y = _data((1, 28, 28), 10)
     info = _assert_identical(path, x, y)

@@ -122,9 +122,9 @@ def _plain_steps(path, batches):
     """The artifact's step graph with the private fused ops inlined into standard ops, run node by node by the
     interpreter's plain loop (no memory plan, no compiled code, no buffers of its own), the graph's own update
     nodes applied: (losses, parameters)."""
-    from edgetrain.artifact import load_artifact
-    from edgetrain.autodiff.functions import inline_private
+    from edgetrain.derive.autodiff.functions import inline_private
     from edgetrain.runtime import Interpreter
+    from edgetrain.runtime.artifact import load_artifact
 
     art = load_artifact(path)
     g = inline_private(art.program)
@@ -219,7 +219,7 @@ def test_the_in_place_update_keeps_a_copy_only_when_its_bound_cannot_vouch_for_t
     # parameters and state bit for bit. Random values in (-s, s) over 3 tensors of 40,000 values (2 chunks).
     from edgetrain.runtime import fused
     from edgetrain.runtime.fused import FusedOptimizer
-    from edgetrain.runtime.training import _usable
+    from edgetrain.runtime.fused import usable as _usable
 
     config = CONFIGS[kind]
     kinds = ["momentum"] if config.get("momentum") else ["exp_avg", "exp_avg_sq"] if "betas" in config else []

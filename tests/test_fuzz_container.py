@@ -36,14 +36,14 @@ from models import MODELS, batch_for
 from test_hostile_container import container_bytes, decode, encode
 
 import edgetrain as et
-from edgetrain.container import read_container
+from edgetrain.core.container import read_container
 
 FIXTURE = Path(__file__).parent / "data" / "container_v1.etck"
 
 
 # ---- the real files, made once per process ------------------------------------------------------------------
 def _recurrent_graph():
-    from edgetrain.ir import Graph, GraphBuilder, TensorInfo
+    from edgetrain.core.ir import Graph, GraphBuilder, TensorInfo
 
     rng = np.random.default_rng(0)
     T, N, I, H = 4, 4, 3, 4
@@ -200,7 +200,7 @@ def run_raw(example, workdir: Path) -> None:
         data = mutate_header_text(files[which], mutations)
     path = workdir / "f.etrain"
     path.write_bytes(data)
-    from edgetrain.container import inspect_container
+    from edgetrain.core.container import inspect_container
 
     for verify in (True, False):
         try:

@@ -12,7 +12,7 @@ message must name the model file.
   Softmax, ...) with random, often wrong, wiring, names, element types, shapes, attributes (of the wrong types too)
   and initializers (duplicated, of the wrong size), through import_model, convert and, when it converts, one
   training step of edgetrain.runtime.TrainingSession.
-- CHECK: the same generated graphs through edgetrain.check.check (the function `edgetrain check` prints).
+- CHECK: the same generated graphs through edgetrain.derive.check.check (the function `edgetrain check` prints).
 
 EDGETRAIN_FUZZ_EXAMPLES sets the inputs per target (150 in CI); a developer runs thousands.
 """
@@ -727,7 +727,7 @@ def one_step(art, workdir: Path) -> None:
 
 
 def check_model(example: bytes, workdir: Path) -> None:
-    from edgetrain.check import check
+    from edgetrain.derive.check import check
 
     path = _write(example, workdir)
     report = _named(path, lambda: check(path))

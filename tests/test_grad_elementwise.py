@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from grad_harness import build, check_against_onnxruntime, check_grad, grads_of, rnd
 
-from edgetrain.autodiff import RULES, GradContext, ShapedBuilder, differentiate
-from edgetrain.errors import UnsupportedError
-from edgetrain.ir import Graph, Node, TensorInfo
-from edgetrain.passes import infer_shapes
-from edgetrain.runtime.interpreter import Interpreter
+from edgetrain.core.errors import UnsupportedError
+from edgetrain.core.interpreter import Interpreter
+from edgetrain.core.ir import Graph, Node, TensorInfo
+from edgetrain.derive.autodiff import RULES, GradContext, ShapedBuilder, differentiate
+from edgetrain.graph.passes import infer_shapes
 
 check = check_grad
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from grad_harness import build, check_against_onnxruntime, check_grad, record, rnd
 
-from edgetrain.errors import UnsupportedError
+from edgetrain.core.errors import UnsupportedError
 
 run = check_grad
 
@@ -126,7 +126,7 @@ def test_reduce_prod_with_zeros(zeros):
     x[2, 2] = 0.0
     run("ReduceProd", [x, ax(1)], dict(keepdims=0), wrt=[0])
     graph, _, feeds = build("ReduceProd", [x, ax(1)], dict(keepdims=0), [0], 1, 0, np.float64)
-    from edgetrain.runtime.interpreter import Interpreter
+    from edgetrain.core.interpreter import Interpreter
 
     dx = Interpreter(graph, preallocate=False).run(feeds)[1]
     assert np.isfinite(dx).all()
@@ -139,7 +139,7 @@ def test_reduce_extremum_ties_split_equally(op):
     if op == "ReduceMin":
         x = -x
     graph, _, feeds = build(op, [x, ax(1)], dict(keepdims=0), [0], 1, 0, np.float64)
-    from edgetrain.runtime.interpreter import Interpreter
+    from edgetrain.core.interpreter import Interpreter
 
     loss_r = np.random.default_rng(1000).standard_normal(2)  # the harness's R for this output
     dx = Interpreter(graph, preallocate=False).run(feeds)[1]
@@ -151,7 +151,7 @@ def test_reduce_l2_of_zeros_is_finite():
     x = np.zeros((2, 3))
     x[1] = [0.3, -0.4, 1.2]
     graph, _, feeds = build("ReduceL2", [x, ax(1)], dict(keepdims=0), [0], 1, 0, np.float64)
-    from edgetrain.runtime.interpreter import Interpreter
+    from edgetrain.core.interpreter import Interpreter
 
     dx = Interpreter(graph, preallocate=False).run(feeds)[1]
     assert np.isfinite(dx).all() and not dx[0].any()
@@ -220,7 +220,7 @@ def test_layernorm_statistics_outputs():
     a float64 numpy LayerNormalization, and that graph in onnxruntime."""
     x, s, b = r(3, 4) * 0.5 + 1, r(4, seed=1), r(4, seed=2)
     graph, _, feeds = build("LayerNormalization", [x, s, b], dict(epsilon=1e-3), [0, 1, 2], 3, 0, np.float32)
-    from edgetrain.runtime.interpreter import Interpreter
+    from edgetrain.core.interpreter import Interpreter
 
     got = Interpreter(graph, preallocate=False).run(feeds)[1:]
     weights = {}  # the harness's loss: sum(y_k * R_k), the first Mul reading each y_k

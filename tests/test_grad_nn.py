@@ -8,13 +8,13 @@ import pytest
 from grad_harness import build, check_grad
 from kernel_harness import spy
 
-from edgetrain.autodiff import GradContext, ShapedBuilder, inline_private
-from edgetrain.autodiff.driver import RULES
-from edgetrain.errors import UnsupportedError
-from edgetrain.ir import Graph, Node, TensorInfo
-from edgetrain.runtime.interpreter import Interpreter
-from edgetrain.runtime.kernels import nn as nn_kernels
-from edgetrain.runtime.kernels import nn_grad
+from edgetrain.core.errors import UnsupportedError
+from edgetrain.core.interpreter import Interpreter
+from edgetrain.core.ir import Graph, Node, TensorInfo
+from edgetrain.core.kernels import nn as nn_kernels
+from edgetrain.core.kernels import nn_grad
+from edgetrain.derive.autodiff import GradContext, ShapedBuilder, inline_private
+from edgetrain.derive.autodiff.registry import RULES
 
 
 def _rand(seed, *shape):
@@ -321,7 +321,7 @@ def test_pointwise_weight_grad_over_few_positions(monkeypatch, group):
 def test_depthwise_few_positions_both_paths(monkeypatch, positions_max, case):
     """Depthwise dX and dW over a few output positions: on those positions (dead offsets skipped) and, with that
     path off, on the phase grid."""
-    from edgetrain.runtime.kernels import depthwise
+    from edgetrain.core.kernels import depthwise
 
     monkeypatch.setattr(depthwise, "POSITIONS_MAX", positions_max)
     calls = []

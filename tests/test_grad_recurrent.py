@@ -11,8 +11,8 @@ import pytest
 from grad_harness import build, check_against_onnxruntime, check_grad
 from test_kernels_recurrent import make_inputs, spec_reference
 
-from edgetrain.autodiff import inline_private
-from edgetrain.runtime.interpreter import Interpreter
+from edgetrain.core.interpreter import Interpreter
+from edgetrain.derive.autodiff import inline_private
 
 OPS = ("LSTM", "GRU", "RNN")
 N_OUT = {"LSTM": 3, "GRU": 2, "RNN": 2}

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from grad_harness import build, check_against_onnxruntime, check_grad, grads_of, rnd
 
-from edgetrain.errors import UnsupportedError
-from edgetrain.ir import Node
+from edgetrain.core.errors import UnsupportedError
+from edgetrain.core.ir import Node
 
 
 def check(op, inputs, attrs=None, **kw) -> float:

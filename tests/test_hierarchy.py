@@ -13,8 +13,8 @@ import pytest
 from models import MODELS
 
 import edgetrain as et
-from edgetrain import trainer as trainer_module
-from edgetrain.trainer import Trainer
+from edgetrain.runtime import trainer as trainer_module
+from edgetrain.runtime.trainer import Trainer
 from loaders import ArrayDataView, DataLoader
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -57,7 +57,7 @@ def test_loaders_errors_are_the_same_classes_and_import_only_edgetrain_errors():
     out = subprocess.run(
         [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout
-    assert out.strip() == "['edgetrain', 'edgetrain.errors']"
+    assert out.strip() == "['edgetrain', 'edgetrain.core', 'edgetrain.core.errors']"
 
 
 def test_storage_error_names_the_users_file_and_keeps_errno(tmp_path):

@@ -32,8 +32,7 @@ import pytest
 from models import MODELS, batch_for
 
 import edgetrain as et
-from edgetrain.artifact import load_artifact
-from edgetrain.container import (
+from edgetrain.core.container import (
     ALIGN,
     KINDS,
     MAGIC,
@@ -42,7 +41,7 @@ from edgetrain.container import (
     remove_stale_temporaries,
     write_container,
 )
-from edgetrain.errors import (
+from edgetrain.core.errors import (
     ArtifactError,
     ArtifactLimitError,
     EdgeTrainError,
@@ -51,9 +50,11 @@ from edgetrain.errors import (
     MissingFileError,
     StorageError,
 )
-from edgetrain.ir import Graph, GraphBuilder, TensorInfo
-from edgetrain.memory import MAX_ARENA_BYTES, MemoryPlan, check_plan, plan_memory
-from edgetrain.passes import make_static
+from edgetrain.core.ir import Graph, GraphBuilder, TensorInfo
+from edgetrain.core.plan import MAX_ARENA_BYTES, MemoryPlan, check_plan
+from edgetrain.graph.memory import plan_memory
+from edgetrain.graph.passes import make_static
+from edgetrain.runtime.artifact import load_artifact
 
 ROOT = Path(__file__).resolve().parents[1]
 BOUNDED_MEMORY = 768 << 20  # the address space a bomb is read in (the unbounded reader needed 4 GB)
@@ -177,7 +178,7 @@ def real(tmp_path_factory) -> Callable[..., tuple[Path, Path]]:
 CHILD = textwrap.dedent("""
     import json, resource, sys
     import edgetrain as et
-    from edgetrain.container import read_container
+    from edgetrain.core.container import read_container
     what, path = sys.argv[1], sys.argv[2]
     try:
         if what == "session":
@@ -809,7 +810,7 @@ def test_check_plan_accepts_in_place_and_refuses_a_shifted_or_unsafe_overlap():
     with pytest.raises(et.ModelError, match=f"puts {re.escape(repr(b))}.*on bytes of {re.escape(repr(a))}"):
         check_plan(program, variant(**{b: plan.offsets[a] + 64}))  # in place, but shifted: corrupts
     # reached through an Interpreter too, before any arena is allocated
-    from edgetrain.runtime.interpreter import Interpreter
+    from edgetrain.core.interpreter import Interpreter
 
     with pytest.raises(et.ModelError, match="on bytes of"):
         Interpreter(program, plan=variant(**{c: plan.offsets[b]}))
@@ -973,8 +974,8 @@ def test_writing_into_a_missing_folder_or_under_a_file(tmp_path, real):
 
 PERMISSION_CHILD = textwrap.dedent("""
     import os, sys
-    from edgetrain.container import read_container, write_container
-    from edgetrain.errors import StorageError
+    from edgetrain.core.container import read_container, write_container
+    from edgetrain.core.errors import StorageError
     folder, secret = sys.argv[1], sys.argv[2]
     target = os.path.join(folder, "ck.etck")
     try:
@@ -1040,8 +1041,8 @@ def test_read_only_and_forbidden_files(tmp_path):
 FULL_CHILD = textwrap.dedent("""
     import resource, signal, sys
     import numpy as np
-    from edgetrain.container import write_container
-    from edgetrain.errors import StorageError
+    from edgetrain.core.container import write_container
+    from edgetrain.core.errors import StorageError
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG
     resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
     path = sys.argv[1]
@@ -1079,7 +1080,7 @@ def _dead_pid() -> int:
 WRITER = textwrap.dedent("""
     import sys
     import numpy as np
-    from edgetrain.container import write_container
+    from edgetrain.core.container import write_container
     big = np.ones(8 << 20, np.float32)  # 32 MB: each write takes a while
     i = 0
     while True:

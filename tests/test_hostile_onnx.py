@@ -1,7 +1,7 @@
 """Hostile ONNX models (issue 14), through the real entry points: edgetrain.import_model, edgetrain.convert,
-edgetrain.check.check, and the `edgetrain check` and `edgetrain convert` commands in a subprocess. Each is refused
-with a ModelError (a ModelLimitError, also a MemoryError, for sizes beyond a bound) whose message names the model
-file and the node or tensor at fault; the commands print one `error:` line. The size cases run in a child process
+edgetrain.derive.check.check, and the `edgetrain check` and `edgetrain convert` commands in a subprocess. Each is
+refused with a ModelError (a ModelLimitError, also a MemoryError, for sizes beyond a bound) whose message names the
+model file and the node or tensor at fault; the commands print one `error:` line. The size cases run in a child process
 under RLIMIT_AS: they are refused, or converted, without allocating what the model declares, and report the peak
 memory they cost. The fuzzers are in tests/test_fuzz_onnx.py; the inputs they found are the regression tests at
 the end."""
@@ -22,8 +22,8 @@ import pytest
 from onnx import TensorProto, external_data_helper, helper, numpy_helper
 
 import edgetrain as et
-from edgetrain import passes
-from edgetrain.check import check
+from edgetrain.derive.check import check
+from edgetrain.graph import passes
 
 ROOT = Path(__file__).resolve().parents[1]
 CHILD_MEMORY = 1536 << 20  # the address space a size case may use: far below what the models declare
@@ -246,7 +246,7 @@ def test_declared_dimensions_beyond_the_bound_cost_nothing(tmp_path, report):
     result = in_child(
         f"""
         import edgetrain as et
-        from edgetrain.check import check
+        from edgetrain.derive.check import check
         result = {{}}
         for case, path in {json.dumps({k: str(v) for k, v in paths.items()})}.items():
             for entry, load in (
@@ -284,7 +284,7 @@ def test_a_40_gb_static_input_converts_without_allocating_it(tmp_path, report):
     result = in_child(
         f"""
         import edgetrain as et
-        from edgetrain.check import check
+        from edgetrain.derive.check import check
         art = et.convert({str(path)!r}, loss=et.MSELoss(), optimizer=et.SGD(lr=0.1))
         size = art.save({str(tmp_path / "big.etrain")!r})
         result = dict(
@@ -322,7 +322,7 @@ def test_a_weight_fill_beyond_the_parameter_ceiling_is_refused_before_it_runs(tm
     result = in_child(
         f"""
         import edgetrain as et
-        from edgetrain.check import check
+        from edgetrain.derive.check import check
         result = {{}}
         for entry, load in (
             ("import_model", lambda: et.import_model({str(path)!r}, batch_size=1)),
@@ -348,9 +348,9 @@ def test_a_weight_fill_beyond_the_parameter_ceiling_is_refused_before_it_runs(tm
 
 
 def test_initializers_beyond_a_given_ceiling(tmp_path):
-    """The ceiling is a keyword (and edgetrain.passes.MAX_PARAMETER_BYTES for every entry point)."""
+    """The ceiling is a keyword (and edgetrain.graph.passes.MAX_PARAMETER_BYTES for every entry point)."""
     path = save(tmp_path, mlp())
-    from edgetrain.onnx_io import import_model
+    from edgetrain.onnx_io.reader import import_model
 
     with pytest.raises(et.ModelLimitError) as e:
         import_model(path, batch_size=2, max_bytes=40)
@@ -606,15 +606,16 @@ def test_fuzz_a_required_input_left_empty(tmp_path):
 
 def test_fuzz_a_long_sequence_gets_its_shapes_without_running(tmp_path, monkeypatch):
     """An LSTM over 100,000 steps: shape inference ran it step by step on stand-ins (a million steps took
-    minutes); its shapes now come from onnx's shape inference (edgetrain.passes.MAX_STANDIN_STEPS)."""
+    minutes); its shapes now come from onnx's shape inference (edgetrain.graph.passes.MAX_STANDIN_STEPS)."""
     import dataclasses
 
-    from edgetrain.runtime.kernels import KERNELS, registry
+    from edgetrain.core.kernels import KERNELS
+    from edgetrain.core.ops import record
 
     def refuse(*args, **kw):
         raise AssertionError(f"the LSTM kernel ran on {args[0].shape} to infer shapes")
 
-    monkeypatch.setitem(registry.KERNELS, "LSTM", dataclasses.replace(KERNELS["LSTM"], fn=refuse))
+    monkeypatch.setattr(record("LSTM"), "kernel", dataclasses.replace(KERNELS["LSTM"], fn=refuse))
     rng = np.random.default_rng(0)
     inits = [
         numpy_helper.from_array(rng.standard_normal((1, 8, 3)).astype(np.float32), "W"),

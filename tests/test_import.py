@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import edgetrain as et
-from edgetrain.ir import Graph, GraphBuilder, Node, TensorInfo
+from edgetrain.core.ir import Graph, GraphBuilder, Node, TensorInfo
 
 F = TensorProto.FLOAT
 
@@ -179,7 +179,7 @@ def test_round_trip_to_onnx_keeps_results_and_shapes():
         os.path.dirname(onnx.__file__), "backend", "test", "data", "light", "light_squeezenet.onnx"
     )
     graph = et.import_model(path)
-    from edgetrain.onnx_io import to_onnx
+    from edgetrain.onnx_io.writer import to_onnx
 
     model = to_onnx(graph)
     onnx.checker.check_model(model, full_check=True)

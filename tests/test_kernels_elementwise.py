@@ -15,9 +15,9 @@ from onnx import numpy_helper
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidGraph as OrtInvalidGraph
 from onnxruntime.capi.onnxruntime_pybind11_state import NotImplemented as OrtNotImplemented
 
-from edgetrain.errors import ExecutionError, ShapeError, UnsupportedError
-from edgetrain.runtime.kernels import KERNELS, activations
-from edgetrain.runtime.kernels.elementwise import NUMPY_TO_ONNX, ONNX_TO_NUMPY
+from edgetrain.core.errors import ExecutionError, ShapeError, UnsupportedError
+from edgetrain.core.kernels import KERNELS, activations
+from edgetrain.core.kernels.elementwise import NUMPY_TO_ONNX, ONNX_TO_NUMPY
 
 F16, F32, F64 = np.float16, np.float32, np.float64
 FLOATS = [F32, F64, F16]

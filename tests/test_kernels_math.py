@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from kernel_harness import assert_close, node_cases, ort_run, ref_run
 
-from edgetrain.errors import ModelError, ShapeError, UnsupportedError
-from edgetrain.runtime.kernels import KERNELS
+from edgetrain.core.errors import ModelError, ShapeError, UnsupportedError
+from edgetrain.core.kernels import KERNELS
 
 F16, F32, F64 = np.float16, np.float32, np.float64
 I8, U8, I32, I64 = np.int8, np.uint8, np.int32, np.int64

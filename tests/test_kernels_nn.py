@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from kernel_harness import assert_close, node_cases, ort_run, ref_run, spy
 
-from edgetrain.errors import ShapeError, UnsupportedError
-from edgetrain.runtime.kernels import KERNELS
-from edgetrain.runtime.kernels import nn as nn_kernels
+from edgetrain.core.errors import ShapeError, UnsupportedError
+from edgetrain.core.kernels import KERNELS
+from edgetrain.core.kernels import nn as nn_kernels
 
 OPS = (
     "Conv",
@@ -114,7 +114,7 @@ def test_depthwise_conv_many_channels_few_pixels_vs_onnxruntime(mult, strides):
 def test_depthwise_conv_few_positions_both_paths(monkeypatch, positions_max, mult, strides, k):
     """Mobile nets' last layers (hundreds of channels over 2x2..4x4): on their own output positions
     (depthwise._conv_positions, dead offsets skipped) and, with that path off, on the phase grid."""
-    from edgetrain.runtime.kernels import depthwise
+    from edgetrain.core.kernels import depthwise
 
     monkeypatch.setattr(depthwise, "POSITIONS_MAX", positions_max)
     calls = spy(monkeypatch, depthwise, "_conv_positions")

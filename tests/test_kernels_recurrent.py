@@ -11,8 +11,8 @@ from kernel_harness import assert_close, ort_run, ref_run
 from onnx import helper
 
 import edgetrain as et
-from edgetrain.errors import ShapeError, UnsupportedError
-from edgetrain.runtime.kernels import KERNELS
+from edgetrain.core.errors import ShapeError, UnsupportedError
+from edgetrain.core.kernels import KERNELS
 
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 N_OUT = {"LSTM": 3, "GRU": 2, "RNN": 2}

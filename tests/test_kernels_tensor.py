@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from kernel_harness import assert_close, node_cases, ort_run, ref_run
 
-from edgetrain.errors import ShapeError, UnsupportedError
-from edgetrain.runtime.kernels import KERNELS
+from edgetrain.core.errors import ShapeError, UnsupportedError
+from edgetrain.core.kernels import KERNELS
 
 OPS = (
     "Reshape",

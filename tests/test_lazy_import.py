@@ -17,20 +17,13 @@ ROOT = Path(__file__).resolve().parents[1]
 BUILD_SIDE = [
     "onnx",
     "onnxruntime",
-    "edgetrain.convert",
-    "edgetrain.autodiff",
-    "edgetrain.losses",
-    "edgetrain.optimizers",
-    "edgetrain.params",
-    "edgetrain.memory",
+    "edgetrain.derive",
+    "edgetrain.graph.memory",
     "edgetrain.onnx_io",
-    "edgetrain.trainer",
-    "edgetrain.export",
+    "edgetrain.runtime.trainer",
     "loaders",
 ]
-KERNEL_MODULES = [
-    f"edgetrain.runtime.kernels.{m}" for m in ("math", "nn", "nn_grad", "tensor", "activations")
-]
+KERNEL_MODULES = [f"edgetrain.core.kernels.{m}" for m in ("math", "nn", "nn_grad", "tensor", "activations")]
 
 
 def run(code: str) -> dict:
@@ -50,7 +43,7 @@ def test_import_edgetrain_loads_nothing_of_the_build_side():
         after_runtime = sorted(m for m in sys.modules if m.startswith(("edgetrain", "onnx", "loaders")))
         print(json.dumps({"package": after_package, "runtime": after_runtime}))
     """)
-    assert got["package"] == ["edgetrain", "edgetrain.errors"], got["package"]
+    assert got["package"] == ["edgetrain", "edgetrain.core", "edgetrain.core.errors"], got["package"]
     for unwanted in BUILD_SIDE + KERNEL_MODULES:
         assert not any(m == unwanted or m.startswith(unwanted + ".") for m in got["runtime"]), (unwanted, got)
     assert "edgetrain.runtime.training" in got["runtime"]  # the sessions themselves are not deferred
@@ -64,24 +57,25 @@ def test_public_names_resolve_to_their_modules_objects():
         fn = et.convert
         loaded = sorted(m for m in set(sys.modules) - before if m.startswith(("edgetrain.", "onnx")))
         from edgetrain import TrainingSession, CrossEntropyLoss, SGD, Trainer, CosineLR
-        import edgetrain.convert, edgetrain.runtime, edgetrain.losses, edgetrain.optimizers, edgetrain.trainer
-        conv = sys.modules["edgetrain.convert"]
+        import edgetrain.derive.pipeline, edgetrain.derive.artifact, edgetrain.runtime, edgetrain.derive.losses
+        import edgetrain.derive.optimizers, edgetrain.runtime.trainer
+        conv = sys.modules["edgetrain.derive.pipeline"]
         checks = {
             "convert is the function": fn is conv.convert and et.convert is conv.convert,
-            "TrainingArtifact": et.TrainingArtifact is conv.TrainingArtifact,
+            "TrainingArtifact": et.TrainingArtifact is edgetrain.derive.artifact.TrainingArtifact,
             "sessions": TrainingSession is edgetrain.runtime.TrainingSession
             and et.InferenceSession is edgetrain.runtime.InferenceSession,
-            "losses": CrossEntropyLoss is edgetrain.losses.CrossEntropyLoss,
-            "optimizers": SGD is edgetrain.optimizers.SGD and et.AdamW is edgetrain.optimizers.AdamW,
-            "trainer": Trainer is edgetrain.trainer.Trainer and CosineLR is edgetrain.trainer.CosineLR,
-            "submodule attribute": et.trainer is edgetrain.trainer and et.runtime is edgetrain.runtime,
+            "losses": CrossEntropyLoss is edgetrain.derive.losses.CrossEntropyLoss,
+            "optimizers": SGD is edgetrain.derive.optimizers.SGD and et.AdamW is edgetrain.derive.optimizers.AdamW,
+            "trainer": Trainer is edgetrain.runtime.trainer.Trainer and CosineLR is edgetrain.runtime.trainer.CosineLR,
+            "submodule attribute": et.derive is edgetrain.derive and et.runtime is edgetrain.runtime,
             "every name in __all__": all(getattr(et, n) is not None for n in et.__all__),
             "dir": set(et.__all__) <= set(dir(et)),
         }
         print(json.dumps({"loaded": loaded, "checks": checks}))
     """)
     assert all(got["checks"].values()), got["checks"]
-    assert "edgetrain.convert" in got["loaded"] and "edgetrain.autodiff" in got["loaded"]
+    assert "edgetrain.derive.pipeline" in got["loaded"] and "edgetrain.derive.autodiff" in got["loaded"]
 
 
 def test_convert_stays_the_function_when_the_submodule_is_imported_first():
@@ -89,10 +83,11 @@ def test_convert_stays_the_function_when_the_submodule_is_imported_first():
     # meaning the function, as it did when the package imported everything eagerly
     got = run("""
         import json, sys
-        from edgetrain.convert import TrainingArtifact  # loads the submodule before anyone asks for et.convert
+        from edgetrain.derive.pipeline import TrainingArtifact  # loads the pipeline before anyone asks for et.convert
         import edgetrain as et
         from edgetrain import convert
-        print(json.dumps({"callable": callable(et.convert), "same": convert is sys.modules["edgetrain.convert"].convert,
+        same = convert is sys.modules["edgetrain.derive.pipeline"].convert
+        print(json.dumps({"callable": callable(et.convert), "same": same,
                           "missing": not hasattr(et, "no_such_name")}))
     """)
     assert got == {"callable": True, "same": True, "missing": True}
@@ -101,12 +96,12 @@ def test_convert_stays_the_function_when_the_submodule_is_imported_first():
 def test_kernels_load_on_first_read_of_the_table():
     got = run("""
         import json, sys
-        from edgetrain.runtime.kernels import KERNELS
-        before = any(m.startswith("edgetrain.runtime.kernels.nn") for m in sys.modules)
+        from edgetrain.core.kernels import KERNELS
+        before = any(m.startswith("edgetrain.core.kernels.nn") for m in sys.modules)
         conv = KERNELS["Conv"]
-        from edgetrain.runtime.kernels import nn
+        from edgetrain.core.kernels import nn
         print(json.dumps({"before": before, "same": conv.fn is nn.conv,
-                          "after": "edgetrain.runtime.kernels.nn" in sys.modules, "n": len(KERNELS),
+                          "after": "edgetrain.core.kernels.nn" in sys.modules, "n": len(KERNELS),
                           "has_relu": "Relu" in KERNELS}))
     """)
     assert got["before"] is False and got["after"] is True and got["same"] and got["has_relu"]

@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import edgetrain as et
-from edgetrain.runtime.interpreter import Interpreter
+from edgetrain.core.interpreter import Interpreter
 
 
 def linear_model(n_in: int, n_out: int, *, softmax: bool = False, seed: int = 0, extra_dims=()):

@@ -16,11 +16,12 @@ from models import MODELS, batch_for
 from zoo import load, randomize_weights
 
 import edgetrain as et
-from edgetrain.errors import ModelError
-from edgetrain.ir import Graph
-from edgetrain.memory import MemoryPlan, plan_memory
-from edgetrain.runtime.interpreter import Interpreter
-from edgetrain.runtime.kernels import KERNELS
+from edgetrain.core.errors import ModelError
+from edgetrain.core.interpreter import Interpreter
+from edgetrain.core.ir import Graph
+from edgetrain.core.kernels import KERNELS
+from edgetrain.core.plan import MemoryPlan
+from edgetrain.graph.memory import plan_memory
 
 BATCH = 8
 ZOO = ["squeezenet", "shufflenet"]

@@ -13,7 +13,7 @@ from kernel_harness import _all_cases
 from onnx import numpy_helper
 
 import edgetrain as et
-from edgetrain.runtime.kernels import KERNELS
+from edgetrain.core.kernels import KERNELS
 
 # ONNX element types numpy has no native dtype for: cases using them cannot run on a numpy runtime.
 NO_NUMPY_DTYPE = {

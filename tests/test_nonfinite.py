@@ -11,7 +11,7 @@ import pytest
 from models import MODELS
 
 import edgetrain as et
-from edgetrain.container import read_container, write_container
+from edgetrain.core.container import read_container, write_container
 from loaders import ArrayDataView, DataLoader
 
 BATCH = 8
@@ -82,7 +82,7 @@ def test_a_non_finite_batch_is_refused_the_same_way(artifact):
         np.testing.assert_array_equal(v, before[k], err_msg=k)
 
 
-class Explodes(et.trainer.ILRSchedule):
+class Explodes(et.ILRSchedule):
     """The base rate for the first steps, then 1e30: a run that diverges after it has written good checkpoints."""
 
     def __init__(self, after: int):

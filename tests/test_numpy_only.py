@@ -15,7 +15,7 @@ SCRIPT = """
     import numpy as np
     import edgetrain as et
     import edgetrain.runtime
-    from edgetrain.ir import Graph, GraphBuilder, TensorInfo
+    from edgetrain.core.ir import Graph, GraphBuilder, TensorInfo
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
@@ -53,7 +53,7 @@ SCRIPT = """
 
     # a training step derived from the same graph (convert accepts an IR graph: no onnx needed) runs too,
     # fused backward kernels included, and lowers the loss
-    from edgetrain.runtime.interpreter import Interpreter
+    from edgetrain.core.interpreter import Interpreter
     art = et.convert(graph, loss=et.CrossEntropyLoss(), optimizer=et.SGD(lr=0.1, momentum=0.9))
     assert any(n.domain == "com.edgetrain" for n in art.graph.nodes)
     step = Interpreter(art.graph)

@@ -11,9 +11,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import edgetrain as et
-from edgetrain.check import check
-from edgetrain.onnx_io import from_onnx
-from edgetrain.params import find_roles
+from edgetrain.derive.check import check
+from edgetrain.derive.params import find_roles
+from edgetrain.onnx_io.reader import from_onnx
 
 RNG = np.random.default_rng(0)
 

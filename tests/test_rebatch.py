@@ -12,8 +12,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import edgetrain as et
-from edgetrain.onnx_io import from_onnx
-from edgetrain.rebatch import apply_batch_plan, find_batch_plan
+from edgetrain.graph.rebatch import apply_batch_plan, find_batch_plan
+from edgetrain.onnx_io.reader import from_onnx
 
 RNG = np.random.default_rng(1)
 

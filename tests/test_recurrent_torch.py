@@ -285,7 +285,7 @@ def test_fixed_batch_dynamo_export_trains_at_another_batch(tmp_path, cell):
     assert "re-batched" in said
     undone = "broadcast" if cell == "rnn" else "initial state"
     assert undone in said and (cell != "rnn" or "rnn.bias_hh_l0" in said), said
-    from edgetrain.check import check
+    from edgetrain.derive.check import check
 
     checked = "\n".join(check(path).notes)  # `edgetrain check` reads the model as convert does, and says so
     assert undone in checked, checked
@@ -309,8 +309,8 @@ def test_fixed_batch_dynamo_export_trains_at_another_batch(tmp_path, cell):
 def test_a_constant_equal_to_a_one_valued_parameter_is_not_refolded():
     """Only a parameter with at least two distinct values identifies a folded copy: zeros stay zeros even when a
     bias is all zeros."""
-    from edgetrain.ir import Graph, Node, TensorInfo
-    from edgetrain.params import find_roles, refold_copies
+    from edgetrain.core.ir import Graph, Node, TensorInfo
+    from edgetrain.derive.params import find_roles, refold_copies
 
     f32 = np.float32
     inits = {

@@ -248,8 +248,8 @@ print(hwm() - before)
     [("lenet", et.SGD(lr=0.05, momentum=0.9, weight_decay=5e-4)), ("mlp", et.Adam(lr=1e-3))],
 )
 def test_inspect_reports_the_planned_peak_of_a_step_part_by_part(tmp_path, model, optimizer):
-    from edgetrain.container import read_container
-    from edgetrain.describe import artifact_step_memory, step_memory
+    from edgetrain.core.container import read_container
+    from edgetrain.runtime.describe import artifact_step_memory, step_memory
 
     _, path = make_artifact(tmp_path, model, optimizer=optimizer)
     mem = artifact_step_memory(path)
@@ -300,7 +300,7 @@ def test_a_real_step_stays_within_sight_of_the_planned_peak(tmp_path):
     # RSS growth (VmHWM) of a fresh process over loading the session and three steps: at least the arena, which
     # the steps write all of; at most a few times the plan (kernels' own temporaries, the modules loaded, the
     # allocator's slack are not planned). Memory, not time.
-    from edgetrain.describe import artifact_step_memory
+    from edgetrain.runtime.describe import artifact_step_memory
 
     batch = 256
     _, path = make_artifact(tmp_path, "lenet", batch_size=batch)

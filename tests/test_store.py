@@ -392,7 +392,7 @@ def test_trainer_trains_from_a_split_of_the_store(tmp_path):
     pytest.importorskip("onnx")
     from models import MODELS
 
-    from edgetrain.trainer import Trainer
+    from edgetrain.runtime.trainer import Trainer
 
     art = et.convert(MODELS["mlp"][0](), loss=et.CrossEntropyLoss(), optimizer=et.SGD(lr=0.05), batch_size=8)
     art.save(str(tmp_path / "mlp.etrain"))

@@ -11,7 +11,7 @@ import pytest
 from models import MODELS
 
 import edgetrain as et
-from edgetrain.trainer import ConstantLR, CosineLR, StepLR, Trainer, WarmupLR, schedule_from_config
+from edgetrain.runtime.trainer import ConstantLR, CosineLR, StepLR, Trainer, WarmupLR, schedule_from_config
 from loaders import ArrayDataView, DataLoader
 
 BATCH = 8

@@ -11,8 +11,8 @@ import pytest
 from models import MODELS, batch_for
 
 import edgetrain as et
-from edgetrain.runtime.interpreter import Interpreter
-from edgetrain.runtime.kernels.registry import PRIVATE_DOMAIN
+from edgetrain.core.interpreter import Interpreter
+from edgetrain.core.ops import PRIVATE_DOMAIN
 
 BATCH = 8
 
@@ -119,7 +119,9 @@ def test_head_only_lenet_freezes_and_prunes():
     # fused convolution/pooling backward exists (the fused loss's own gradient does).
     forward = {n.name for n in art.inference.nodes}
     backward = [n for n in art.graph.nodes if n.name not in forward]
-    assert not [n for n in backward if n.domain == PRIVATE_DOMAIN and "Conv" in n.op_type or "Pool" in n.op_type]
+    assert not [
+        n for n in backward if n.domain == PRIVATE_DOMAIN and "Conv" in n.op_type or "Pool" in n.op_type
+    ]
     fc2_out = next(n.outputs[0] for n in art.inference.nodes if "fc2.weight" in n.inputs)
     assert not [n for n in backward if any(i in frozen for i in n.inputs)]
     assert len(backward) < 40, [n.op_type for n in backward]

@@ -11,7 +11,7 @@ import pytest
 from zoo import MODELS, input_name, load, randomize_weights
 
 import edgetrain as et
-from edgetrain.runtime.interpreter import Interpreter
+from edgetrain.core.interpreter import Interpreter
 
 
 @pytest.mark.slow

@@ -21,9 +21,9 @@ import numpy as np  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from edgetrain.runtime.kernels import nn, nn_grad, registry  # noqa: E402
+from edgetrain.core.kernels import nn, nn_grad, registry  # noqa: E402
 
-PKG = "edgetrain.runtime.kernels"
+PKG = "edgetrain.core.kernels"
 
 
 def load_rev(rev: str) -> tuple[types.ModuleType, types.ModuleType]:

@@ -14,7 +14,8 @@ import os
 import sys
 from collections.abc import Sequence
 
-from ..errors import EdgeTrainError
+from edgetrain.core.errors import EdgeTrainError
+
 from .build import DEFAULT_LR, LOSSES, run_check, run_convert, run_demo, run_export, run_inspect
 from .common import UsageError
 from .federate import add_arguments as add_federate_arguments

@@ -9,8 +9,9 @@ import sys
 import time
 from typing import Any
 
-from ..errors import EdgeTrainError, RebatchError, StorageError
-from ..progress import duration
+from edgetrain.core.errors import EdgeTrainError, RebatchError, StorageError
+from edgetrain.runtime.progress import duration
+
 from .common import UsageError, load_weights, mb, open_session, plural
 
 LOSSES = {"cross-entropy": "CrossEntropyLoss", "mse": "MSELoss", "l1": "L1Loss", "bce": "BCEWithLogitsLoss"}
@@ -58,8 +59,7 @@ def run_convert(args: argparse.Namespace) -> int:
     import numpy as np
 
     import edgetrain as et
-
-    from ..container import inspect_container
+    from edgetrain.core.container import inspect_container
 
     if not os.path.isfile(args.model):
         raise EdgeTrainError(f"{args.model}: no such file (convert takes an ONNX inference model)")
@@ -104,7 +104,7 @@ def run_convert(args: argparse.Namespace) -> int:
         f"memory plan {mb(plan.get('arena_size', 0))} (lower bound {mb(plan.get('lower_bound', 0))})"
     )
     if args.emit_onnx:
-        from ..container import atomic_write
+        from edgetrain.core.container import atomic_write
 
         model = art.training_onnx()
         atomic_write(args.emit_onnx, model.SerializeToString())
@@ -114,7 +114,7 @@ def run_convert(args: argparse.Namespace) -> int:
 
 
 def run_check(args: argparse.Namespace) -> int:
-    from ..check import check, ops_text
+    from edgetrain.derive.check import check, ops_text
 
     if getattr(args, "ops", False):
         print(ops_text())
@@ -129,7 +129,7 @@ def run_check(args: argparse.Namespace) -> int:
 
 
 def run_inspect(args: argparse.Namespace) -> int:
-    from ..describe import describe, summary
+    from edgetrain.runtime.describe import describe, summary
 
     if getattr(args, "json", False):
         import json
@@ -182,13 +182,13 @@ def _random_batch(arg, sess):
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    from .. import demo
+    from edgetrain import demo
 
     if args.epochs < 1:
         raise UsageError(f"--epochs must be a positive integer, got {args.epochs}")
     result = demo.run_demo(args.out, model=args.model, epochs=args.epochs, plot=not args.no_plot)
     if args.json:
-        from ..container import atomic_write
+        from edgetrain.core.container import atomic_write
 
         try:
             atomic_write(args.json, (result.to_json() + "\n").encode("utf-8"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from ..progress import mb  # noqa: F401  (the command line's number formatting lives with the progress lines)
+from edgetrain.runtime.progress import mb  # noqa: F401  (the command line's number formatting lives with the progress lines)
 
 
 class UsageError(Exception):

@@ -12,8 +12,9 @@ import sys
 import time
 from typing import Any
 
-from ..errors import EdgeTrainError
-from ..progress import duration, percent
+from edgetrain.core.errors import EdgeTrainError
+from edgetrain.runtime.progress import duration, percent
+
 from .common import UsageError, open_session
 
 
@@ -73,8 +74,8 @@ def _clients(args: argparse.Namespace, sess, out: str) -> list[dict[str, Any]]:
     form), as a device would hold its own data."""
     import numpy as np
 
-    from ..federated.common import partition
-    from ..feeding import DataOptions, open_feed
+    from edgetrain.federated.common import partition
+    from edgetrain.runtime.feeding import DataOptions, open_feed
 
     feed = open_feed(args.data, "train", sess, DataOptions())
     for note in feed.notices:
@@ -95,7 +96,7 @@ def _clients(args: argparse.Namespace, sess, out: str) -> list[dict[str, Any]]:
 
 def run_federate(args: argparse.Namespace) -> int:
     _check(args)
-    from ..federated.deploy import APP_DIR, Deployment
+    from edgetrain.federated.deploy import APP_DIR, Deployment
 
     sess = open_session(args.artifact)
     out = os.path.abspath(args.out)

@@ -10,13 +10,14 @@ import sys
 import time
 from typing import Any
 
-from ..errors import EdgeTrainError
-from ..progress import TrainProgress, duration, epoch_line, percent
+from edgetrain.core.errors import EdgeTrainError
+from edgetrain.runtime.progress import TrainProgress, duration, epoch_line, percent
+
 from .common import UsageError, default_checkpoint, load_weights, open_session, plural
 
 
 def _data_options(args: argparse.Namespace):
-    from ..feeding import parse_options
+    from edgetrain.runtime.feeding import parse_options
 
     try:
         return parse_options(args.layout, args.scale, args.normalize)
@@ -25,7 +26,7 @@ def _data_options(args: argparse.Namespace):
 
 
 def _feed(path: str, split: str, session, args: argparse.Namespace):
-    from ..feeding import open_feed
+    from edgetrain.runtime.feeding import open_feed
 
     feed = open_feed(path, split, session, _data_options(args))
     for notice in feed.notices:
@@ -135,7 +136,7 @@ def _same_option(dest: str, given: Any, recorded: Any) -> bool:
 def _restore_options(args: argparse.Namespace, checkpoint: str) -> dict[str, Any]:
     """On --resume: the run's recorded options fill the ones not given, and a given one that contradicts the run is
     a usage error (--epochs excepted: a run can be made longer). Returns the checkpoint's trainer settings."""
-    from ..container import inspect_container
+    from edgetrain.core.container import inspect_container
 
     state = inspect_container(checkpoint)["header"].get("user_state", {})
     if state.get("trainer") != 1:
@@ -168,8 +169,7 @@ def _restore_options(args: argparse.Namespace, checkpoint: str) -> dict[str, Any
 
 def run_train(args: argparse.Namespace) -> int:
     import edgetrain as et
-
-    from ..trainer import schedule_from_config, session_batch
+    from edgetrain.runtime.trainer import schedule_from_config, session_batch
 
     checkpoint = args.checkpoint or default_checkpoint(args.artifact)
     if args.resume and args.init_from:
@@ -198,7 +198,7 @@ def run_train(args: argparse.Namespace) -> int:
     if args.lr is not None:
         sess.lr = args.lr
     if args.threads is not None:
-        from ..runtime.threads import blas_threads
+        from edgetrain.runtime.threads import blas_threads
 
         if args.threads < 1:
             raise UsageError(f"--threads must be at least 1, not {args.threads}")
@@ -323,9 +323,8 @@ def _train_summary(args, result, seconds: float, batch: int, checkpoint: str, ba
 def run_eval(args: argparse.Namespace) -> int:
     import numpy as np
 
+    from edgetrain.runtime.trainer import evaluate, session_batch
     from loaders import DataLoader
-
-    from ..trainer import evaluate, session_batch
 
     sess = open_session(args.artifact)
     which = load_weights(sess, args.checkpoint, args.artifact)

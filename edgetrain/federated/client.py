@@ -20,12 +20,12 @@ import numpy as np
 from flwr.app import Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from edgetrain.core.errors import EdgeTrainError, NonFiniteError
+from edgetrain.runtime import TrainingSession
+from edgetrain.runtime.feeding import DataOptions, open_feed
+from edgetrain.runtime.trainer import evaluate, session_batch
 from loaders import DataError, DataLoader, split
 
-from ..errors import EdgeTrainError, NonFiniteError
-from ..feeding import DataOptions, open_feed
-from ..runtime import TrainingSession
-from ..trainer import evaluate, session_batch
 from .common import CHECK_KEY, from_records, patterns, personal_names, readers_of, to_records
 
 app = ClientApp()

@@ -28,9 +28,8 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from edgetrain.core.errors import ConfigError
 from loaders import IDataView
-
-from ..errors import ConfigError
 
 RUN_DEFAULTS = {
     "artifact": "",

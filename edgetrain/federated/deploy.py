@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..errors import EdgeTrainError
+from edgetrain.core.errors import EdgeTrainError
 
 APP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "app")
 

@@ -21,9 +21,10 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg
 from flwr.serverapp.strategy.strategy import Strategy
 
-from ..container import atomic_write
-from ..errors import ConfigError
-from ..runtime import TrainingSession
+from edgetrain.core.container import atomic_write
+from edgetrain.core.errors import ConfigError
+from edgetrain.runtime import TrainingSession
+
 from .common import CHECK_KEY, RUN_DEFAULTS, from_records, patterns, personal_names, readers_of, to_records
 
 app = ServerApp()
@@ -197,9 +198,8 @@ class _Judge:
         self.t = now
         metrics = None
         if self.view is not None:
+            from edgetrain.runtime.trainer import evaluate, session_batch
             from loaders import DataLoader
-
-            from ..trainer import evaluate, session_batch
 
             self.sess.set_parameters({**self.initial, **from_records(arrays)})
             loader = DataLoader(self.view, session_batch(self.sess) or 32, batch_transform=self.transform)
@@ -215,7 +215,7 @@ class _Judge:
 def _judge(sess: TrainingSession, path: str, out: str) -> _Judge:
     if not path:
         return _Judge(sess, None, None, out)
-    from ..feeding import DataOptions, open_feed
+    from edgetrain.runtime.feeding import DataOptions, open_feed
 
     feed = open_feed(path, "test", sess, DataOptions())
     return _Judge(sess, feed.view, feed.transform, out)

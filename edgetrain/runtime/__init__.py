@@ -1,6 +1,7 @@
 """edgetrain's device side: a numpy-only interpreter, its kernels and the sessions. Never imports onnx."""
 
-from .interpreter import Interpreter, supported_ops
+from edgetrain.core.interpreter import Interpreter, supported_ops
+
 from .session import InferenceSession, NodeArg
 from .training import TrainingSession
 

@@ -4,8 +4,8 @@ optional global gradient-norm clipping.
 
 Parameters of one dtype live in one contiguous array, each a view into it; so do their gradients (the step program
 writes them there directly) and each kind of state. The update is the same arithmetic, in the same order and
-dtypes, as the update nodes edgetrain.optimizers builds into the step graph, so the result is that graph's, bit for
-bit, whatever the number of tensors. It runs in place, a cache-sized chunk at a time (the scratch is two chunks,
+dtypes, as the update nodes edgetrain.derive.optimizers builds into the step graph, so the result is that graph's,
+bit for bit, whatever the number of tensors. It runs in place, a cache-sized chunk at a time (the scratch is two chunks,
 not two more copies of the parameters).
 
 A refused step must leave the parameters and state as they were. Before updating, a bound from the norms of the
@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from .kernels import KERNELS
+from edgetrain.core.kernels import KERNELS
 
 SUPPORTED = ("SGD", "Adam", "AdamW")
 
@@ -204,13 +204,11 @@ class FusedOptimizer:
         # One BLAS dot product per buffer: x.x is not finite when any value is NaN or infinite, or when a value is
         # so large (|x| > sqrt(max)) that products of such values overflow: the same bound the session's checks
         # use, found in a fraction of their time. Only then are the tensors looked at one by one, to name them.
-        from .training import _usable
-
         bad = []
         together = np.isfinite(np.dot(g.params, g.params))
         if not together:
             views = g.views(g.params)
-            bad += [n for n, v in views.items() if not _usable(v)]
+            bad += [n for n, v in views.items() if not usable(v)]
         for kind, buf in g.state.items():
             # SGD's new parameters are w - lr * (an expression of the new momentum): a momentum that is not
             # finite makes them not finite (lr 0 too: 0 * inf is NaN), so checking them has checked it
@@ -218,13 +216,13 @@ class FusedOptimizer:
                 continue
             if not np.isfinite(np.dot(buf, buf)):
                 views = g.views(buf)
-                bad += [self.state_name.get((kind, w), w) for w, v in views.items() if not _usable(v)]
+                bad += [self.state_name.get((kind, w), w) for w, v in views.items() if not usable(v)]
         if not bad and not together:
             bad.append("the parameters together (their squared norm overflows)")
         return bad
 
     def _clip(self) -> None:
-        # as edgetrain.optimizers._clip_by_global_norm: each gradient's ReduceSumSquare (the same kernel), their
+        # as edgetrain.derive.optimizers._clip_by_global_norm: each gradient's ReduceSumSquare (the same kernel), their
         # Sum, Sqrt, coef = min(max_norm / (total + 1e-6), 1), every gradient times coef
         max_norm = float(self.config["clip_grad_norm"])
         grads = [v for g in self.groups for v in g.views(g.grad).values()]
@@ -238,7 +236,7 @@ class FusedOptimizer:
             np.multiply(g.grad, coef, out=g.grad)
 
     def _sgd(self, g: _Group, lr: float, a: int, b: int) -> None:
-        # as edgetrain.optimizers.SGD.make: d = g + w * wd; v' = v * m + d * (1 - damp) (v' = d on the first
+        # as edgetrain.derive.optimizers.SGD.make: d = g + w * wd; v' = v * m + d * (1 - damp) (v' = d on the first
         # step when damp != 0); d = d + v' * m (Nesterov) or v'; w' = w - d * lr. Elements [a, b) in place.
         c = self.config
         t = g.dtype.type
@@ -286,7 +284,7 @@ class FusedOptimizer:
         return step_next, (t(b1), t(1 - b1), t(b2), t(1 - b2), bc2, t(c["eps"]), np.divide(lr_t, bc1), decay)
 
     def _adam(self, g: _Group, consts: tuple, a: int, b: int) -> None:
-        # as edgetrain.optimizers.Adam.make: m' = m b1 + d (1 - b1); v' = v b2 + d d (1 - b2); t = step + 1;
+        # as edgetrain.derive.optimizers.Adam.make: m' = m b1 + d (1 - b1); v' = v b2 + d d (1 - b2); t = step + 1;
         # w' = w (1 - lr wd, AdamW) - (lr / (1 - b1^t)) * (m' / (sqrt(v' / (1 - b2^t)) + eps)). [a, b) in place.
         c = self.config
         b1, one_b1, b2, one_b2, bc2, eps, lr_bc1, decay = consts
@@ -312,3 +310,17 @@ class FusedOptimizer:
         if decay is not None:
             np.multiply(w, decay, out=w)
         np.subtract(w, s2, out=w)
+
+
+def usable(a: np.ndarray) -> bool:
+    """Whether a parameter is finite and no larger than sqrt(the dtype's largest value): beyond that, the product
+    of two such values overflows, so the next forward pass could not be finite (an update of lr 1e30 gets there
+    in one step, with a finite loss)."""
+    cap = float(np.sqrt(np.finfo(a.dtype).max)) if a.dtype.kind == "f" else np.inf
+    return a.size == 0 or bool(-cap <= float(a.min()) and float(a.max()) <= cap)
+
+
+def finite(a: np.ndarray) -> bool:
+    """Whether every element is finite, in one pass and no temporary the size of `a`: a float64 sum of float32
+    values cannot overflow, and NaN or infinity anywhere makes it non-finite."""
+    return bool(np.isfinite(np.sum(a, dtype=np.float64)))

@@ -9,10 +9,10 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import FeedError
-from ..ir import Graph
-from ..passes import fold_constants, make_static, shape_deciding_inputs
-from .interpreter import Interpreter, check_feeds
+from edgetrain.core.errors import FeedError
+from edgetrain.core.interpreter import Interpreter, check_feeds
+from edgetrain.core.ir import Graph
+from edgetrain.graph.passes import fold_constants, make_static, shape_deciding_inputs
 
 _ONNX_TYPE = {
     "float32": "float",
@@ -75,7 +75,7 @@ class InferenceSession:
         if isinstance(model, Graph):
             graph = model
         else:
-            from ..onnx_io import from_onnx  # build side: needs onnx
+            from edgetrain.onnx_io.reader import from_onnx  # build side: needs onnx
 
             graph = from_onnx(model)
         self._base = fold_constants(graph, fold_shapes=False)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ctypes
 import re
 
-from ..errors import ConfigError
+from edgetrain.core.errors import ConfigError
 
 _SETTERS = (
     "openblas_set_num_threads",

@@ -11,11 +11,13 @@ from typing import Any
 
 import numpy as np
 
-from ..artifact import load_artifact
-from ..errors import ArtifactError, ExecutionError, FeedError, NonFiniteError, UnsupportedError
-from ..passes import make_static, prune
-from ..rebatch import apply_batch_plan, fixed_batch
-from .interpreter import Interpreter, check_feeds
+from edgetrain.core.errors import ArtifactError, ExecutionError, FeedError, NonFiniteError, UnsupportedError
+from edgetrain.core.interpreter import Interpreter, check_feeds
+from edgetrain.graph.passes import make_static, prune
+from edgetrain.graph.rebatch import apply_batch_plan, fixed_batch
+
+from .artifact import load_artifact
+from .fused import FusedOptimizer, finite, fusable, usable
 
 
 class TrainingSession:
@@ -37,7 +39,7 @@ class TrainingSession:
         max_arena_bytes: int | None = None,
     ):
         """max_header_bytes and max_arena_bytes raise the bounds an artifact is read within (container.
-        MAX_HEADER_BYTES, memory.MAX_ARENA_BYTES: 64 MiB of header, a 4 GiB arena): see SECURITY.md."""
+        MAX_HEADER_BYTES, plan.MAX_ARENA_BYTES: 64 MiB of header, a 4 GiB arena): see SECURITY.md."""
         from .session import _apply_threads
 
         self.threads = _apply_threads(threads)  # BLAS threads (the process's); None: left as they are
@@ -77,11 +79,11 @@ class TrainingSession:
         self._data_graph = None
         self._cache = None  # the frozen prefix's feature cache, when enabled
         self._cache_reason = "not enabled"
-        self._cache_args: dict[str, Any] = {}  # FeatureCache's settings, for a prefix cut back (see _checked_cache)
+        self._cache_args: dict[
+            str, Any
+        ] = {}  # FeatureCache's settings, for a prefix cut back (see _checked_cache)
 
     def _make_fused(self, art):
-        from .fused import FusedOptimizer, fusable
-
         if art.fused is None:
             return None
         params = {p: (tuple(art.initial[p].shape), art.initial[p].dtype) for p in art.io["parameters"]}
@@ -138,7 +140,7 @@ class TrainingSession:
                 raise FeedError(f"parameter '{name}' has shape {list(cur.shape)}, got {list(value.shape)}")
             if value.dtype.kind != "f":
                 raise FeedError(f"parameter '{name}' must be floating point, got {value.dtype}")
-            if not _finite(value):
+            if not finite(value):
                 raise FeedError(f"parameter '{name}' holds non-finite values (NaN or infinity); refused")
         for name, value in params.items():
             self._assign(name, np.asarray(value, dtype=self._values[name].dtype))
@@ -160,7 +162,7 @@ class TrainingSession:
         bad = bad or [
             n
             for n, new in updates.items()
-            if not (_usable(results[new]) if n in params else _finite(results[new]))
+            if not (usable(results[new]) if n in params else finite(results[new]))
         ]
         if bad:
             raise NonFiniteError(
@@ -180,7 +182,9 @@ class TrainingSession:
         64 MiB); samples past it are computed each time. Use it when each sample's data is the same every epoch:
         with random augmentation every sample is new and the cache only costs memory. rows: the `feature_rows`
         of an earlier session of the same artifact, taken over (ignored when they belong to another program)."""
-        from .prefix import DEFAULT_MAX_BYTES, FeatureCache, split_step
+        from edgetrain.graph.prefix import split_step
+
+        from .feature_cache import DEFAULT_MAX_BYTES, FeatureCache
 
         budget = DEFAULT_MAX_BYTES if max_bytes is None else int(max_bytes)
         if budget < 0:
@@ -226,7 +230,9 @@ class TrainingSession:
         in the batch; or None (the cache turned off). Where only the prefix's last nodes move rows (a BLAS whose
         matrix product rounds a row by its position in the batch), the prefix is cut back before them and the
         cut prefix is checked in turn: the convolutions stay cached, the products run in every step."""
-        from .prefix import FeatureCache, split_step
+        from edgetrain.graph.prefix import split_step
+
+        from .feature_cache import FeatureCache
 
         moving: set[str] = set()
         while True:
@@ -364,9 +370,9 @@ class TrainingSession:
             raise FeedError(
                 f"user_state must hold JSON values only (numbers, strings, lists, dicts): {e}"
             ) from e
-        from ..container import write_container
+        from edgetrain.core.container import write_container
 
-        bad = [k for k, v in self._values.items() if not _finite(v)]
+        bad = [k for k, v in self._values.items() if not finite(v)]
         if bad or not math.isfinite(
             self._lr
         ):  # train_step and set_parameters refuse these: a bug if seen here
@@ -385,7 +391,7 @@ class TrainingSession:
     def load_checkpoint(self, path: str | os.PathLike) -> dict[str, Any]:
         """Restores a checkpoint of this model; returns its user_state. Every field is checked before anything is
         restored: a bad file is an ArtifactError naming it and the field, and the session is left as it was."""
-        from ..container import read_container
+        from edgetrain.core.container import read_container
 
         header, tensors = read_container(path, kind="checkpoint")
         step, lr, user = _checkpoint_fields(path, header)
@@ -405,7 +411,7 @@ class TrainingSession:
                     f"checkpoint '{path}': '{k}' is {arr.dtype}{list(arr.shape)}, expected "
                     f"{self._values[k].dtype}{list(self._values[k].shape)}"
                 )
-            if not _finite(arr):
+            if not finite(arr):
                 raise ArtifactError(
                     f"checkpoint '{path}': '{k}' holds non-finite values (NaN or infinity); edgetrain never writes "
                     "such a checkpoint, so the file was made elsewhere or damaged: use an earlier checkpoint"
@@ -420,7 +426,7 @@ class TrainingSession:
         """Writes the inference model with the trained parameters (nothing of the training graph); onnxruntime
         runs it. Needs the onnx package."""
         try:
-            from ..export import export_inference
+            from edgetrain.onnx_io.writer import export_inference
         except ImportError as e:
             raise UnsupportedError(
                 "export_onnx needs the onnx package, which is not installed here: "
@@ -520,23 +526,9 @@ class TrainingSession:
         return y.astype(want, copy=False)
 
 
-def _usable(a: np.ndarray) -> bool:
-    """Whether a parameter is finite and no larger than sqrt(the dtype's largest value): beyond that, the product
-    of two such values overflows, so the next forward pass could not be finite (an update of lr 1e30 gets there
-    in one step, with a finite loss)."""
-    cap = float(np.sqrt(np.finfo(a.dtype).max)) if a.dtype.kind == "f" else np.inf
-    return a.size == 0 or bool(-cap <= float(a.min()) and float(a.max()) <= cap)
-
-
-def _finite(a: np.ndarray) -> bool:
-    """Whether every element is finite, in one pass and no temporary the size of `a`: a float64 sum of float32
-    values cannot overflow, and NaN or infinity anywhere makes it non-finite."""
-    return bool(np.isfinite(np.sum(a, dtype=np.float64)))
-
-
 def _checkpoint_fields(path: str | os.PathLike, header: dict[str, Any]) -> tuple[int, float, dict]:
     """(step, lr, user_state) of a checkpoint header, every field of its type; ArtifactError naming the field."""
-    from ..container import short
+    from edgetrain.core.container import short
 
     pid, name = header.get("program_id"), header.get("artifact", "")
     step, lr, user = header.get("step"), header.get("lr"), header.get("user_state", {})

@@ -54,7 +54,7 @@ def main() -> None:
     os.makedirs(args.workdir, exist_ok=True)
 
     import edgetrain as et
-    from edgetrain.trainer import evaluate
+    from edgetrain.runtime.trainer import evaluate
     from loaders import DataLoader, MnistDataView, SubsetView
 
     t_import = time.perf_counter() - t_start

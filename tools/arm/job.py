@@ -1,5 +1,5 @@
-"""The ARM64 job: proves that the device side (edgetrain.runtime, edgetrain.trainer, loaders, android_demo) runs on
-an aarch64 CPU with numpy alone, under QEMU user-mode emulation, and computes what x86-64 computes.
+"""The ARM64 job: proves that the device side (edgetrain.runtime and what it uses, loaders, android_demo) runs on an
+aarch64 CPU with numpy alone, under QEMU user-mode emulation, and computes what x86-64 computes.
 
     .venv/bin/python tools/arm/job.py          # .ci/run runs it after tools/test.sh (which makes .venv)
 

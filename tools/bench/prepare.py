@@ -227,8 +227,8 @@ def split_head(net, trainable: list[str], x):
 # ---- facts --------------------------------------------------------------------------------------------------
 def _memory(etrain: Path) -> dict[str, int]:
     """edgetrain's planned peak of a training step and its parts, as `edgetrain inspect` prints them (one function:
-    edgetrain.describe.step_memory), set beside the measured RSS."""
-    from edgetrain.describe import artifact_step_memory
+    edgetrain.runtime.describe.step_memory), set beside the measured RSS."""
+    from edgetrain.runtime.describe import artifact_step_memory
 
     m = artifact_step_memory(etrain)
     return {

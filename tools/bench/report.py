@@ -219,7 +219,8 @@ def _memory_table(rows: list[dict]) -> list[str]:
         "",
         "Peak RSS is the worker process's own high-water mark after its steps (VmHWM: Linux carries ru_maxrss "
         "over from the parent that started it); edgetrain's planned peak is what `edgetrain inspect` reports "
-        "(edgetrain.describe.step_memory): the memory plan's arena (activations, gradients, temporaries) plus the "
+        "(edgetrain.runtime.describe.step_memory): the memory plan's arena (activations, gradients, temporaries) "
+        "plus the "
         "parameters, optimizer state and frozen weights the session holds, the fused optimizer's buffers (gradients "
         "and two chunk-sized scratch buffers: it updates parameters and state in place) and the step's outputs. "
         "Import: the runtime's module with numpy already imported (numpy itself: "

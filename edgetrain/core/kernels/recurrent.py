@@ -1,0 +1,965 @@
+"""Recurrent kernels: ONNX LSTM, GRU and RNN, and their fused backward ops (LSTMGrad, GRUGrad, RNNGrad).
+
+One driver runs every cell: directions (forward, reverse, bidirectional), layouts 0 and 1, initial states,
+sequence_lens (a reverse direction reverses each sequence within its own length; steps past a length leave the
+state as it was and write zeros to Y), clip, every activation the spec lists, LSTM peepholes and input_forget, GRU
+linear_before_reset. Per direction the input projection of all steps is one GEMM; each step is one GEMM against R
+and a few elementwise passes.
+
+The backward recomputes the forward, keeping every step's gate activations, then runs back through time: the
+gradient of each step's pre-activations goes into one [T, N, G*H] array, so dX, dW and the recurrence weights'
+gradient are each one GEMM over all steps; only dH (through R) is per step. Recomputing costs one forward, and
+spares the training step from keeping the gates of every step alive between the forward and the backward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgetrain.core.errors import ShapeError, UnsupportedError
+from edgetrain.core.ir import Node, TensorInfo
+from edgetrain.core.ops import PRIVATE_DOMAIN
+
+from .registry import kernel
+
+
+def _f32(v: float) -> float:
+    return float(np.float32(v))  # ONNX FLOAT attributes are 32-bit
+
+
+# ---------------------------------------------------------------------------------------------------- activations
+# name (lower case) -> (needs alpha, needs beta, default alpha, default beta). The spec: "default values are the
+# same as of corresponding ONNX operators" (LeakyRelu 0.01, ThresholdedRelu 1.0, HardSigmoid 0.2/0.5, Elu 1.0);
+# Affine and ScaledTanh have no ONNX operator, so no default: they need their values given.
+ACTIVATIONS: dict[str, tuple[bool, bool, float | None, float | None]] = {
+    "relu": (False, False, None, None),
+    "tanh": (False, False, None, None),
+    "sigmoid": (False, False, None, None),
+    "affine": (True, True, None, None),
+    "leakyrelu": (True, False, 0.01, None),
+    "thresholdedrelu": (True, False, 1.0, None),
+    "scaledtanh": (True, True, None, None),
+    "hardsigmoid": (True, True, 0.2, 0.5),
+    "elu": (True, False, 1.0, None),
+    "softsign": (False, False, None, None),
+    "softplus": (False, False, None, None),
+}
+SPELLING = {
+    "relu": "Relu",
+    "tanh": "Tanh",
+    "sigmoid": "Sigmoid",
+    "affine": "Affine",
+    "leakyrelu": "LeakyRelu",
+    "thresholdedrelu": "ThresholdedRelu",
+    "scaledtanh": "ScaledTanh",
+    "hardsigmoid": "HardSigmoid",
+    "elu": "Elu",
+    "softsign": "Softsign",
+    "softplus": "Softplus",
+}
+
+
+@dataclass(frozen=True)
+class Act:
+    """One activation with its alpha and beta (0.0 where it takes none)."""
+
+    name: str  # lower case, a key of ACTIVATIONS
+    alpha: float = 0.0
+    beta: float = 0.0
+
+    def __call__(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """act(x), written into out when given (the result either way)."""
+        n = self.name
+        if n == "sigmoid":
+            return _sigmoid(x, out)
+        if n == "tanh":
+            return np.tanh(x, out=out)
+        y = self._other(x)
+        if out is None:
+            return y
+        out[...] = y
+        return out
+
+    def _other(self, x: np.ndarray) -> np.ndarray:
+        n, a, b = self.name, self.alpha, self.beta
+        if n == "relu":
+            return np.maximum(x, 0)
+        if n == "affine":
+            return x * x.dtype.type(a) + x.dtype.type(b)
+        if n == "leakyrelu":
+            return np.where(x >= 0, x, x * x.dtype.type(a))
+        if n == "thresholdedrelu":
+            return np.where(x > a, x, x.dtype.type(0))
+        if n == "scaledtanh":
+            return np.tanh(x * x.dtype.type(b)) * x.dtype.type(a)
+        if n == "hardsigmoid":
+            return np.clip(x * x.dtype.type(a) + x.dtype.type(b), 0, 1)
+        if n == "elu":
+            return np.where(x >= 0, x, np.expm1(np.minimum(x, 0)) * x.dtype.type(a))
+        if n == "softsign":
+            return x / (np.abs(x) + 1)
+        assert n == "softplus", n
+        return np.maximum(x, 0) + np.log1p(np.exp(-np.abs(x)))
+
+    def slope(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """d act / dx at x, where y = act(x)."""
+        n, a, b = self.name, self.alpha, self.beta
+        t = x.dtype.type
+        if n == "sigmoid":
+            return y * (1 - y)
+        if n == "tanh":
+            return 1 - y * y
+        if n == "relu":
+            return (x > 0).astype(x.dtype)
+        if n == "affine":
+            return np.full_like(x, a)
+        if n == "leakyrelu":
+            return np.where(x >= 0, t(1), t(a))
+        if n == "thresholdedrelu":
+            return (x > a).astype(x.dtype)
+        if n == "scaledtanh":
+            u = np.tanh(x * t(b))
+            return (1 - u * u) * t(a * b)
+        if n == "hardsigmoid":
+            z = x * t(a) + t(b)
+            return ((z > 0) & (z < 1)) * t(a)
+        if n == "elu":
+            return np.where(x >= 0, t(1), y + t(a))
+        if n == "softsign":
+            d = np.abs(x) + 1
+            return 1 / (d * d)
+        assert n == "softplus", n
+        return _sigmoid(x)
+
+
+def _sigmoid(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    e = np.negative(x, out=out)
+    with np.errstate(over="ignore"):  # exp(-x) = inf for x < -88 (float32): 1 / inf = 0, the right value
+        np.exp(e, out=e)
+    e += 1
+    return np.reciprocal(e, out=e)
+
+
+def resolve_activations(
+    op: str,
+    per_direction: Sequence[str],
+    directions: int,
+    names: Sequence[str] | None,
+    alpha: Sequence[float] | None,
+    beta: Sequence[float] | None,
+) -> list[list[Act]]:
+    """The activations of each direction, from the node's attributes (or the spec's defaults); alpha and beta
+    values are consumed in order by the activations that take them."""
+    k = len(per_direction)
+    if names is None:
+        names = list(per_direction) * directions
+    names = [n.decode() if isinstance(n, bytes) else str(n) for n in names]
+    if len(names) == k and directions == 2:
+        names = names * 2  # one list for both directions
+    if len(names) != k * directions:
+        raise UnsupportedError(
+            f"attribute activations has {len(names)} names; a {op} with {directions} direction(s) takes "
+            f"{k * directions} ({', '.join(per_direction)} per direction)"
+        )
+    alphas, betas = list(alpha or ()), list(beta or ())
+    out: list[Act] = []
+    for name in names:
+        key = name.lower()
+        if key not in ACTIVATIONS:
+            raise UnsupportedError(
+                f"attribute activations: '{name}' is not an activation the {op} spec lists; use one of "
+                f"{', '.join(SPELLING.values())}"
+            )
+        needs_a, needs_b, da, db = ACTIVATIONS[key]
+        a = b = 0.0
+        if needs_a:
+            if alphas:
+                a = alphas.pop(0)
+            elif da is None:
+                raise UnsupportedError(
+                    f"attribute activation_alpha: activation {SPELLING[key]} needs an alpha value and none is left "
+                    f"(it has no ONNX operator whose default could stand in); give one per {SPELLING[key]}"
+                )
+            else:
+                a = da
+        if needs_b:
+            if betas:
+                b = betas.pop(0)
+            elif db is None:
+                raise UnsupportedError(
+                    f"attribute activation_beta: activation {SPELLING[key]} needs a beta value and none is left; "
+                    f"give one per {SPELLING[key]}"
+                )
+            else:
+                b = db
+        out.append(Act(key, _f32(a), _f32(b)))
+    return [out[d * k : (d + 1) * k] for d in range(directions)]
+
+
+# ---------------------------------------------------------------------------------------------------- the setup
+GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
+DEFAULT_ACTS = {"LSTM": ("Sigmoid", "Tanh", "Tanh"), "GRU": ("Sigmoid", "Tanh"), "RNN": ("Tanh",)}
+DIRECTIONS = {"forward": 1, "reverse": 1, "bidirectional": 2}
+
+
+@dataclass
+class Spec:
+    """A recurrent node's inputs in layout 0, checked: X [T, N, I], W [D, G*H, I], R [D, G*H, H], B [D, 2*G*H],
+    initial states [D, N, H], P [D, 3H], lens [N] (None: every sequence is T long)."""
+
+    op: str
+    x: np.ndarray
+    w: np.ndarray
+    r: np.ndarray
+    b: np.ndarray | None
+    lens: np.ndarray | None
+    h0: np.ndarray | None
+    c0: np.ndarray | None
+    p: np.ndarray | None
+    direction: str
+    hidden: int
+    layout: int
+    acts: list[list[Act]]
+    clip: float | None
+    input_forget: bool
+    linear_before_reset: bool
+
+    @property
+    def directions(self) -> int:
+        return DIRECTIONS[self.direction]
+
+
+def _direction(direction) -> str:
+    d = direction.decode() if isinstance(direction, bytes) else str(direction)
+    if d not in DIRECTIONS:
+        raise UnsupportedError(f"attribute direction='{d}' is not one of forward, reverse, bidirectional")
+    return d
+
+
+def make_spec(
+    op: str,
+    X,
+    W,
+    R,
+    B,
+    sequence_lens,
+    initial_h,
+    initial_c=None,
+    P=None,
+    *,
+    activation_alpha=None,
+    activation_beta=None,
+    activations=None,
+    clip=None,
+    direction="forward",
+    hidden_size=None,
+    layout=0,
+    input_forget=0,
+    linear_before_reset=0,
+) -> Spec:
+    direction = _direction(direction)
+    nd = DIRECTIONS[direction]
+    if layout not in (0, 1):
+        raise UnsupportedError(f"attribute layout={layout} is not 0 or 1")
+    x, w, r = (np.asarray(v) for v in (X, W, R))
+    if x.dtype.kind != "f":
+        raise UnsupportedError(f"{op}: input X is {x.dtype}; the op takes float16, float32 or float64")
+    if x.ndim != 3:
+        raise ShapeError(f"{op}: input X has shape {x.shape}; it must be 3-D")
+    if layout == 1:
+        x = x.transpose(1, 0, 2)
+    t_len, n, i_size = x.shape
+    g = GATES[op]
+    if w.ndim != 3 or r.ndim != 3:
+        raise ShapeError(f"{op}: W {w.shape} and R {r.shape} must be 3-D")
+    hidden = int(hidden_size) if hidden_size is not None else r.shape[-1]
+    want = {
+        "W": (w.shape, (nd, g * hidden, i_size)),
+        "R": (r.shape, (nd, g * hidden, hidden)),
+    }
+    b = None if B is None else np.asarray(B)
+    if b is not None:
+        want["B"] = (b.shape, (nd, 2 * g * hidden))
+    h0 = None if initial_h is None else np.asarray(initial_h)
+    c0 = None if initial_c is None else np.asarray(initial_c)
+    if layout == 1:
+        h0 = None if h0 is None else h0.transpose(1, 0, 2)
+        c0 = None if c0 is None else c0.transpose(1, 0, 2)
+    for key, v in (("initial_h", h0), ("initial_c", c0)):
+        if v is not None:
+            want[key] = (v.shape, (nd, n, hidden))
+    p = None if P is None else np.asarray(P)
+    if p is not None:
+        want["P"] = (p.shape, (nd, 3 * hidden))
+    for key, (got, expected) in want.items():
+        if tuple(got) != expected:
+            shown = expected if layout == 0 or key not in ("initial_h", "initial_c") else (n, nd, hidden)
+            raise ShapeError(
+                f"{op}: input {key} has shape {tuple(got)}; with X {tuple(np.shape(X))}, hidden_size {hidden}, "
+                f"layout {layout} and direction {direction} it must be {shown}"
+            )
+    lens = None
+    if sequence_lens is not None:
+        lens = np.asarray(sequence_lens).astype(np.int64).reshape(-1)
+        if lens.shape != (n,) or (lens < 0).any() or (lens > t_len).any():
+            raise ShapeError(
+                f"{op}: input sequence_lens {np.asarray(sequence_lens).tolist()} must hold {n} lengths "
+                f"between 0 and the sequence length {t_len}"
+            )
+        if (lens == t_len).all():
+            lens = None  # every sequence is full: the fast path, same result
+    acts = resolve_activations(op, DEFAULT_ACTS[op], nd, activations, activation_alpha, activation_beta)
+    return Spec(
+        op,
+        x,
+        w,
+        r,
+        b,
+        lens,
+        h0,
+        c0,
+        p,
+        direction,
+        hidden,
+        int(layout),
+        acts,
+        None if clip is None else _f32(clip),
+        bool(input_forget),
+        bool(linear_before_reset),
+    )
+
+
+def _order(spec: Spec, d: int) -> np.ndarray | None:
+    """The time index each sample reads at each processing step of direction d ([T, N]), or None for the plain
+    order (forward; reverse without lengths reverses the time axis as a whole)."""
+    reverse = spec.direction == "reverse" or d == 1
+    if not reverse or spec.lens is None:
+        return None
+    t = np.arange(spec.x.shape[0])[:, None]
+    lens = spec.lens[None, :]
+    return np.where(t < lens, lens - 1 - t, t)  # each sequence reversed within its length; an involution
+
+
+def _steps_in(spec: Spec, d: int, v: np.ndarray) -> np.ndarray:
+    """v [T, N, ...] in direction d's processing order."""
+    idx = _order(spec, d)
+    if idx is not None:
+        return v[idx, np.arange(v.shape[1])]
+    if spec.direction == "reverse" or d == 1:
+        return v[::-1]
+    return v
+
+
+_steps_out = _steps_in  # the reordering is its own inverse
+
+
+def _mask(spec: Spec) -> np.ndarray | None:
+    """[T, N, 1] booleans: step t of sample n is within its length (None: all are)."""
+    if spec.lens is None:
+        return None
+    return (np.arange(spec.x.shape[0])[:, None] < spec.lens[None, :])[:, :, None]
+
+
+# ---------------------------------------------------------------------------------------------------- the cells
+@dataclass
+class Trace:
+    """What one direction's forward keeps for its backward (processing order): pre-activations after clip and
+    the clip mask, gate values, and the states before each step (h[t], c[t]) and after the last (h[T], c[T])."""
+
+    a: np.ndarray  # [T, N, G*H] pre-activations (clipped)
+    kept: np.ndarray | None  # [T, N, G*H] where clip let the pre-activation through (None: no clip)
+    gates: np.ndarray  # [T, N, G*H] activation outputs
+    h: np.ndarray  # [T+1, N, H]
+    c: np.ndarray | None  # [T+1, N, H] (LSTM)
+    extra: np.ndarray | None  # GRU: [T, N, H] r*h (linear_before_reset=0) or h R_h^T + Rb_h (=1); LSTM: h(c)
+
+
+def _clip(spec: Spec, a: np.ndarray, kept: np.ndarray | None) -> None:
+    if spec.clip is not None:
+        if kept is not None:
+            np.less_equal(np.abs(a), spec.clip, out=kept)
+        np.clip(a, -spec.clip, spec.clip, out=a)
+
+
+def _bias(spec: Spec, d: int) -> tuple[np.ndarray, np.ndarray]:
+    gh = GATES[spec.op] * spec.hidden
+    if spec.b is None:
+        z = np.zeros(gh, spec.x.dtype)
+        return z, z
+    return spec.b[d, :gh], spec.b[d, gh:]
+
+
+def _initial(spec: Spec, v: np.ndarray | None, d: int) -> np.ndarray:
+    if v is None:
+        return np.zeros((spec.x.shape[1], spec.hidden), spec.x.dtype)
+    return v[d]
+
+
+def run_direction(
+    spec: Spec, d: int, keep: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, Trace | None]:
+    """Direction d: (Y [T, N, H] in time order, final h [N, H], final c or None, the trace when keep)."""
+    x = _steps_in(spec, d, spec.x)
+    t_len, n, _ = x.shape
+    hs, op = spec.hidden, spec.op
+    g = GATES[op]
+    dt = x.dtype
+    wb, rb = _bias(spec, d)
+    w, r = spec.w[d], spec.r[d]
+    xw = np.dot(x.reshape(t_len * n, -1), w.T).reshape(t_len, n, g * hs)
+    xw += wb
+    if op != "GRU":
+        xw += rb  # GRU's h gate adds Rb_h inside the reset (linear_before_reset) or after R: added per step
+    else:
+        xw[..., : 2 * hs] += rb[: 2 * hs]
+    mask = _mask(spec)
+    mask = None if mask is None else _steps_in(spec, d, mask)
+    h = _initial(spec, spec.h0, d).astype(dt, copy=True)
+    c = _initial(spec, spec.c0, d).astype(dt, copy=True) if op == "LSTM" else None
+    acts = spec.acts[d]
+    y = np.empty((t_len, n, hs), dt)
+    tr = None
+    if keep:
+        tr = Trace(
+            a=np.empty((t_len, n, g * hs), dt),
+            kept=np.empty((t_len, n, g * hs), bool) if spec.clip is not None else None,
+            gates=np.empty((t_len, n, g * hs), dt),
+            h=np.empty((t_len + 1, n, hs), dt),
+            c=np.empty((t_len + 1, n, hs), dt) if op == "LSTM" else None,
+            extra=np.empty((t_len, n, hs), dt) if op != "RNN" else None,
+        )
+        tr.h[0] = h
+        if c is not None:
+            tr.c[0] = c
+    p = spec.p[d] if spec.p is not None else None
+    r_t = r.T
+    scratch_a = np.empty((n, g * hs), dt) if tr is None else None
+    scratch_g = np.empty((n, g * hs), dt) if tr is None else None
+    for t in range(t_len):
+        a = tr.a[t] if tr is not None else scratch_a
+        gates = tr.gates[t] if tr is not None else scratch_g
+        if op == "GRU":
+            a[...] = xw[t]
+        else:
+            np.dot(h, r_t, out=a)
+            a += xw[t]
+        kept = tr.kept[t] if tr is not None and tr.kept is not None else None
+        if op == "RNN":
+            _clip(spec, a, kept)
+            h_new = acts[0](a, gates).copy()
+        elif op == "LSTM":
+            h_new, c_new, hc = _lstm_step(spec, a, c, p, acts, kept, gates)
+        else:
+            h_new, ex = _gru_step(spec, a, h, r, rb, acts, kept, gates)
+        if mask is not None:
+            m = mask[t]
+            y[t] = np.where(m, h_new, 0)
+            h = np.where(m, h_new, h)
+            if op == "LSTM":
+                c = np.where(m, c_new, c)
+        else:
+            y[t] = h_new
+            h = h_new
+            if op == "LSTM":
+                c = c_new
+        if tr is not None:
+            tr.h[t + 1] = h
+            if op == "LSTM":
+                tr.c[t + 1] = c
+                tr.extra[t] = hc
+            elif op == "GRU":
+                tr.extra[t] = ex
+    return _steps_out(spec, d, y), h, c, tr
+
+
+def _lstm_step(spec, a, c, p, acts, kept, gates):
+    """One LSTM step on a = X W^T + H R^T + biases [N, 4H] (gates i, o, f, c), in place; gate values into gates.
+    Returns (h, c, h_act(c))."""
+    hs = spec.hidden
+    f_act, g_act, h_act = acts
+    if p is None:  # i, o and f side by side: one clip, one activation
+        _clip(spec, a, kept)
+        f_act(a[:, : 3 * hs], gates[:, : 3 * hs])
+        gi, go, gf = gates[:, :hs], gates[:, hs : 2 * hs], gates[:, 2 * hs : 3 * hs]
+        if spec.input_forget:
+            np.subtract(1, gi, out=gf)
+        gc = g_act(a[:, 3 * hs :], gates[:, 3 * hs :])
+        c_new = gf * c
+        c_new += gi * gc
+    else:
+        ai, ao, af, ac = a[:, :hs], a[:, hs : 2 * hs], a[:, 2 * hs : 3 * hs], a[:, 3 * hs :]
+        ai += p[:hs] * c
+        af += p[2 * hs :] * c
+        if spec.clip is not None:  # o's pre-activation gets its peephole (on the new c) first
+            lim = spec.clip
+            for k, part in ((0, ai), (2, af), (3, ac)):
+                if kept is not None:
+                    np.less_equal(np.abs(part), lim, out=kept[:, k * hs : (k + 1) * hs])
+                np.clip(part, -lim, lim, out=part)
+        gi = f_act(ai, gates[:, :hs])
+        gf = gates[:, 2 * hs : 3 * hs]
+        if spec.input_forget:
+            np.subtract(1, gi, out=gf)
+        else:
+            f_act(af, gf)
+        gc = g_act(ac, gates[:, 3 * hs :])
+        c_new = gf * c + gi * gc
+        ao += p[hs : 2 * hs] * c_new
+        if spec.clip is not None:
+            if kept is not None:
+                np.less_equal(np.abs(ao), spec.clip, out=kept[:, hs : 2 * hs])
+            np.clip(ao, -spec.clip, spec.clip, out=ao)
+        go = f_act(ao, gates[:, hs : 2 * hs])
+    hc = h_act(c_new)
+    return go * hc, c_new, hc
+
+
+def _gru_step(spec, a, h, r, rb, acts, kept, gates):
+    """One GRU step; a holds X W^T + Wb (+ Rb for z and r) [N, 3H] (gates z, r, h), updated in place; gate values
+    into gates. Returns (h, the value R_h reads: r*h, or h R_h^T + Rb_h with linear_before_reset)."""
+    hs = spec.hidden
+    f_act, g_act = acts
+    if spec.linear_before_reset:  # one product against all of R
+        hr = np.dot(h, r.T)
+        a[:, : 2 * hs] += hr[:, : 2 * hs]
+        ex = hr[:, 2 * hs :]
+        ex += rb[2 * hs :]  # h R_h^T + Rb_h
+    else:
+        a[:, : 2 * hs] += np.dot(h, r[: 2 * hs].T)
+    azr, ah = a[:, : 2 * hs], a[:, 2 * hs :]
+    if spec.clip is not None:
+        if kept is not None:
+            np.less_equal(np.abs(azr), spec.clip, out=kept[:, : 2 * hs])
+        np.clip(azr, -spec.clip, spec.clip, out=azr)
+    f_act(azr, gates[:, : 2 * hs])
+    z, rr = gates[:, :hs], gates[:, hs : 2 * hs]
+    if spec.linear_before_reset:
+        ah += rr * ex
+    else:
+        ex = rr * h
+        ah += np.dot(ex, r[2 * hs :].T)
+        ah += rb[2 * hs :]
+    if spec.clip is not None:
+        if kept is not None:
+            np.less_equal(np.abs(ah), spec.clip, out=kept[:, 2 * hs :])
+        np.clip(ah, -spec.clip, spec.clip, out=ah)
+    hh = g_act(ah, gates[:, 2 * hs :])
+    h_new = h - hh  # (1 - z) * hh + z * h = hh + z * (h - hh)
+    h_new *= z
+    h_new += hh
+    return h_new, ex
+
+
+def forward(spec: Spec, noutputs: int, keep: bool = False):
+    """(Y, Y_h[, Y_c]) in the node's layout, and the traces of each direction when keep."""
+    t_len, n, _ = spec.x.shape
+    nd, hs = spec.directions, spec.hidden
+    dt = spec.x.dtype
+    y = np.empty((t_len, nd, n, hs), dt)
+    yh = np.empty((nd, n, hs), dt)
+    yc = np.empty((nd, n, hs), dt)
+    traces = []
+    for d in range(nd):
+        y[:, d], yh[d], c, tr = run_direction(spec, d, keep)
+        if c is not None:
+            yc[d] = c
+        traces.append(tr)
+    if spec.layout == 1:
+        y, yh, yc = y.transpose(2, 0, 1, 3), yh.transpose(1, 0, 2), yc.transpose(1, 0, 2)
+        y, yh, yc = np.ascontiguousarray(y), np.ascontiguousarray(yh), np.ascontiguousarray(yc)
+    outs = (y, yh, yc) if spec.op == "LSTM" else (y, yh)
+    return outs[: max(1, noutputs)], traces
+
+
+# ---------------------------------------------------------------------------------------------------- the kernels
+def _run_forward(
+    op: str,
+    X,
+    W,
+    R,
+    B=None,
+    sequence_lens=None,
+    initial_h=None,
+    initial_c=None,
+    P=None,
+    *,
+    noutputs: int = 1,
+    **attrs,
+):
+    """The kernels' shared body: their parameters (a kernel passes its locals()) -> the outputs asked for."""
+    spec = make_spec(op, X, W, R, B, sequence_lens, initial_h, initial_c, P, **attrs)
+    outs, _ = forward(spec, noutputs)
+    return outs if len(outs) > 1 else outs[0]
+
+
+def _run_backward(
+    op: str,
+    X,
+    W,
+    R,
+    B=None,
+    sequence_lens=None,
+    initial_h=None,
+    initial_c=None,
+    P=None,
+    *,
+    dY=None,
+    dY_h=None,
+    dY_c=None,
+    noutputs: int = 1,
+    **attrs,
+):
+    """The fused backward ops' shared body: their parameters (a kernel passes its locals()) -> the gradients."""
+    spec = make_spec(op, X, W, R, B, sequence_lens, initial_h, initial_c, P, **attrs)
+    return backward(spec, dY, dY_h, dY_c, noutputs)
+
+
+@kernel("LSTM")
+def lstm(
+    X,
+    W,
+    R,
+    B=None,
+    sequence_lens=None,
+    initial_h=None,
+    initial_c=None,
+    P=None,
+    *,
+    activation_alpha=None,
+    activation_beta=None,
+    activations=None,
+    clip=None,
+    direction="forward",
+    hidden_size=None,
+    input_forget=0,
+    layout=0,
+    noutputs: int = 1,
+):
+    return _run_forward("LSTM", **locals())
+
+
+@kernel("GRU")
+def gru(
+    X,
+    W,
+    R,
+    B=None,
+    sequence_lens=None,
+    initial_h=None,
+    *,
+    activation_alpha=None,
+    activation_beta=None,
+    activations=None,
+    clip=None,
+    direction="forward",
+    hidden_size=None,
+    layout=0,
+    linear_before_reset=0,
+    noutputs: int = 1,
+):
+    return _run_forward("GRU", **locals())
+
+
+@kernel("RNN")
+def rnn(
+    X,
+    W,
+    R,
+    B=None,
+    sequence_lens=None,
+    initial_h=None,
+    *,
+    activation_alpha=None,
+    activation_beta=None,
+    activations=None,
+    clip=None,
+    direction="forward",
+    hidden_size=None,
+    layout=0,
+    noutputs: int = 1,
+):
+    return _run_forward("RNN", **locals())
+
+
+# ---------------------------------------------------------------------------------------------------- backward
+def _seed(spec: Spec, v: np.ndarray | None, kind: str) -> np.ndarray | None:
+    """A gradient seed in layout 0 ([T, D, N, H] for Y, [D, N, H] for the states)."""
+    if v is None:
+        return None
+    v = np.asarray(v)
+    if spec.layout == 1:
+        v = v.transpose(1, 2, 0, 3) if kind == "Y" else v.transpose(1, 0, 2)
+    return v
+
+
+def backward(spec: Spec, dy, dyh, dyc, noutputs: int):
+    """Gradients (dX, dW, dR, dB, d initial_h[, d initial_c, dP]) of a recurrent node, in its layout; the
+    first noutputs of them."""
+    _, traces = forward(spec, 3, keep=True)
+    dy, dyh, dyc = _seed(spec, dy, "Y"), _seed(spec, dyh, "h"), _seed(spec, dyc, "h")
+    t_len, n, i_size = spec.x.shape
+    nd, hs, g = spec.directions, spec.hidden, GATES[spec.op]
+    dt = spec.x.dtype
+    want_w = noutputs > 1
+    dx = np.zeros((t_len, n, i_size), dt)
+    dw = np.zeros_like(spec.w) if want_w else None
+    dr = np.zeros_like(spec.r) if want_w else None
+    db = np.zeros((nd, 2 * g * hs), dt) if want_w else None
+    dh0 = np.zeros((nd, n, hs), dt)
+    dc0 = np.zeros((nd, n, hs), dt)
+    dp = np.zeros((nd, 3 * hs), dt)
+    mask = _mask(spec)
+    for d in range(nd):
+        tr = traces[d]
+        m = None if mask is None else _steps_in(spec, d, mask)
+        dy_d = None if dy is None else _steps_in(spec, d, dy[:, d])
+        dh = np.zeros((n, hs), dt) if dyh is None else dyh[d].astype(dt, copy=True)
+        dc = None
+        if spec.op == "LSTM":
+            dc = np.zeros((n, hs), dt) if dyc is None else dyc[d].astype(dt, copy=True)
+        da = np.empty((t_len, n, g * hs), dt)
+        extra_grad = np.empty((t_len, n, hs), dt) if spec.op == "GRU" else None
+        r = spec.r[d]
+        p = spec.p[d] if spec.p is not None else None
+        slopes = _slopes(spec, tr, d)
+        slope_h = spec.acts[d][2].slope(tr.c[1:], tr.extra) if spec.op == "LSTM" else None
+        for t in range(t_len - 1, -1, -1):
+            # the state after step t is h[t+1]; with a mask, a padded step passes its gradient straight through
+            if dy_d is not None:
+                dh_new = dh + dy_d[t]
+            else:
+                dh_new = dh
+            if m is not None:
+                mt = m[t]
+                dh_pass = np.where(mt, 0, dh)
+                dh_new = np.where(mt, dh_new, 0)
+                if dc is not None:
+                    dc_pass = np.where(mt, 0, dc)
+                    dc = np.where(mt, dc, 0)
+            if spec.op == "RNN":
+                np.multiply(dh_new, slopes[t], out=da[t])
+                dh = np.dot(da[t], r)
+            elif spec.op == "LSTM":
+                dh, dc = _lstm_back(spec, tr, t, dh_new, dc, p, r, da[t], slopes[t], slope_h[t])
+            else:
+                dh = _gru_back(spec, tr, t, dh_new, r, da[t], slopes[t], extra_grad[t])
+            if m is not None:
+                dh = dh + dh_pass
+                if dc is not None:
+                    dc = dc + dc_pass
+        dh0[d] = dh
+        if dc is not None:
+            dc0[d] = dc
+        # the GEMMs over all steps
+        da2 = da.reshape(t_len * n, g * hs)
+        x_d = _steps_in(spec, d, spec.x)
+        dx_d = np.dot(da2, spec.w[d]).reshape(t_len, n, i_size)
+        dx += _steps_out(spec, d, dx_d)
+        if want_w:
+            dw[d] = np.dot(da2.T, x_d.reshape(t_len * n, i_size))
+            db[d, : g * hs] = da2.sum(axis=0)
+            hprev = tr.h[:-1].reshape(t_len * n, hs)
+            if spec.op == "GRU":
+                dr[d, : 2 * hs] = np.dot(da2[:, : 2 * hs].T, hprev)
+                db[d, g * hs : g * hs + 2 * hs] = da2[:, : 2 * hs].sum(axis=0)
+                eg = extra_grad.reshape(t_len * n, hs)
+                if spec.linear_before_reset:  # extra_grad = d(h R_h^T + Rb_h)
+                    dr[d, 2 * hs :] = np.dot(eg.T, hprev)
+                    db[d, g * hs + 2 * hs :] = eg.sum(axis=0)
+                else:  # extra_grad = d a_h: R_h reads r*h
+                    dr[d, 2 * hs :] = np.dot(eg.T, tr.extra.reshape(t_len * n, hs))
+                    db[d, g * hs + 2 * hs :] = eg.sum(axis=0)
+            else:
+                dr[d] = np.dot(da2.T, hprev)
+                db[d, g * hs :] = db[d, : g * hs]
+            if spec.op == "LSTM" and spec.p is not None:
+                dai, dao, daf = da[..., :hs], da[..., hs : 2 * hs], da[..., 2 * hs : 3 * hs]
+                dp[d, :hs] = (dai * tr.c[:-1]).sum(axis=(0, 1))
+                dp[d, hs : 2 * hs] = (dao * tr.c[1:]).sum(axis=(0, 1))
+                if not spec.input_forget:
+                    dp[d, 2 * hs :] = (daf * tr.c[:-1]).sum(axis=(0, 1))
+    if spec.layout == 1:
+        dx = dx.transpose(1, 0, 2)
+        dh0 = dh0.transpose(1, 0, 2)
+        dc0 = dc0.transpose(1, 0, 2)
+    outs = [np.ascontiguousarray(dx), dw, dr, db, np.ascontiguousarray(dh0)]
+    if spec.op == "LSTM":
+        outs += [np.ascontiguousarray(dc0), dp]
+    return tuple(outs[:noutputs]) if noutputs > 1 else outs[0]
+
+
+def _slopes(spec: Spec, tr: Trace, d: int) -> np.ndarray:
+    """[T, N, G*H]: the slope of each gate's activation at every step (0 where clip bounded its input), computed
+    for all steps at once."""
+    hs, op = spec.hidden, spec.op
+    acts = spec.acts[d]
+    s = np.empty_like(tr.a)
+    k = {"RNN": 1, "LSTM": 3, "GRU": 2}[op] * hs  # the gates the first activation applies to
+    s[..., :k] = acts[0].slope(tr.a[..., :k], tr.gates[..., :k])
+    if op != "RNN":
+        s[..., k:] = acts[1].slope(tr.a[..., k:], tr.gates[..., k:])
+    if tr.kept is not None:
+        s *= tr.kept
+    return s
+
+
+def _lstm_back(spec: Spec, tr: Trace, t: int, dh_new, dc, p, r, da, s, s_h):
+    """One step back through an LSTM cell: (dh_prev, dc_prev); fills da [N, 4H] (i, o, f, c). s: the gates'
+    slopes at this step, s_h: h's slope at the new cell state."""
+    hs = spec.hidden
+    gates = tr.gates[t]
+    gi, go, gf, gc = gates[:, :hs], gates[:, hs : 2 * hs], gates[:, 2 * hs : 3 * hs], gates[:, 3 * hs :]
+    dai, dao, daf, dac = da[:, :hs], da[:, hs : 2 * hs], da[:, 2 * hs : 3 * hs], da[:, 3 * hs :]
+    np.multiply(dh_new, tr.extra[t], out=dao)  # h = o * h_act(c)
+    dao *= s[:, hs : 2 * hs]
+    dct = dh_new * go
+    dct *= s_h
+    dct += dc
+    if p is not None:
+        dct += dao * p[hs : 2 * hs]
+    np.multiply(dct, gc, out=dai)
+    np.multiply(dct, tr.c[t], out=daf)  # with a mask, c[t] is the state this step read
+    if spec.input_forget:  # f = 1 - i
+        dai -= daf
+        daf[...] = 0
+    else:
+        daf *= s[:, 2 * hs : 3 * hs]
+    dai *= s[:, :hs]
+    np.multiply(dct, gi, out=dac)
+    dac *= s[:, 3 * hs :]
+    dc_prev = dct * gf
+    if p is not None:
+        dc_prev += dai * p[:hs]
+        if not spec.input_forget:
+            dc_prev += daf * p[2 * hs :]
+    return np.dot(da, r), dc_prev
+
+
+def _gru_back(spec: Spec, tr: Trace, t: int, dh_new, r, da, s, extra_grad):
+    """One step back through a GRU cell: dh_prev; fills da [N, 3H] (z, r, h) and extra_grad (the gradient of
+    what R_h multiplies: d(h R_h^T + Rb_h) with linear_before_reset, else d a_h)."""
+    hs = spec.hidden
+    gates = tr.gates[t]
+    z, rr, hh = gates[:, :hs], gates[:, hs : 2 * hs], gates[:, 2 * hs :]
+    daz, dar, dah = da[:, :hs], da[:, hs : 2 * hs], da[:, 2 * hs :]
+    h_prev = tr.h[t]
+    np.subtract(1, z, out=dah)  # h = (1 - z) * hh + z * h_prev
+    dah *= dh_new
+    dah *= s[:, 2 * hs :]
+    np.subtract(h_prev, hh, out=daz)
+    daz *= dh_new
+    daz *= s[:, :hs]
+    dh_prev = dh_new * z
+    if spec.linear_before_reset:
+        np.multiply(dah, rr, out=extra_grad)  # a_h = x W_h^T + r * (h R_h^T + Rb_h)
+        np.multiply(dah, tr.extra[t], out=dar)
+        dh_prev += np.dot(extra_grad, r[2 * hs :])
+    else:
+        d_rh = np.dot(dah, r[2 * hs :])  # a_h = x W_h^T + (r * h) R_h^T + Rb_h
+        np.multiply(d_rh, h_prev, out=dar)
+        d_rh *= rr
+        dh_prev += d_rh
+        extra_grad[...] = dah
+    dar *= s[:, hs : 2 * hs]
+    dh_prev += np.dot(da[:, : 2 * hs], r[: 2 * hs])
+    return dh_prev
+
+
+# LSTMGrad(X, W, R, B, sequence_lens, initial_h, initial_c, P, dY, dY_h, dY_c) -> dX, dW, dR, dB, d initial_h,
+# d initial_c, dP (the LSTM's attributes); an omitted seed is a zero gradient.
+def _backward_shapes(node: Node, infos: list[TensorInfo | None]) -> list[TensorInfo | None]:
+    """LSTMGrad, GRUGrad, RNNGrad: the gradients of X, W, R, B, initial_h (and initial_c, P), each of its input's
+    shape; B, initial_h (initial_c, P) of their default shape when the node has no such input."""
+    x, w, r = infos[0], infos[1], infos[2]
+    gates = {"LSTMGrad": 4, "GRUGrad": 3, "RNNGrad": 1}[node.op_type]
+    d, hidden = w.shape[0], r.shape[2]
+    batch_first = bool(int(node.attrs.get("layout", 0)))
+    batch = x.shape[0] if batch_first else x.shape[1]
+    state = (batch, d, hidden) if batch_first else (d, batch, hidden)
+
+    def given(k: int, shape: tuple[int, ...]) -> TensorInfo:
+        return infos[k] if k < len(infos) and infos[k] is not None else TensorInfo(x.dtype, shape)
+
+    made = [x, w, r, given(3, (d, 2 * gates * hidden)), given(5, state)]
+    if node.op_type == "LSTMGrad":
+        made += [given(6, state), given(7, (d, 3 * hidden))]
+    return [TensorInfo(x.dtype, tuple(m.shape)) for m in made[: len(node.outputs)]]
+
+
+@kernel("LSTMGrad", domain=PRIVATE_DOMAIN, shape=_backward_shapes)
+def lstm_grad(
+    X,
+    W,
+    R,
+    B=None,
+    sequence_lens=None,
+    initial_h=None,
+    initial_c=None,
+    P=None,
+    dY=None,
+    dY_h=None,
+    dY_c=None,
+    *,
+    activation_alpha=None,
+    activation_beta=None,
+    activations=None,
+    clip=None,
+    direction="forward",
+    hidden_size=None,
+    input_forget=0,
+    layout=0,
+    noutputs: int = 1,
+):
+    return _run_backward("LSTM", **locals())
+
+
+# GRUGrad(X, W, R, B, sequence_lens, initial_h, dY, dY_h) -> dX, dW, dR, dB, d initial_h
+@kernel("GRUGrad", domain=PRIVATE_DOMAIN, shape=_backward_shapes)
+def gru_grad(
+    X,
+    W,
+    R,
+    B=None,
+    sequence_lens=None,
+    initial_h=None,
+    dY=None,
+    dY_h=None,
+    *,
+    activation_alpha=None,
+    activation_beta=None,
+    activations=None,
+    clip=None,
+    direction="forward",
+    hidden_size=None,
+    layout=0,
+    linear_before_reset=0,
+    noutputs: int = 1,
+):
+    return _run_backward("GRU", **locals())
+
+
+# RNNGrad(X, W, R, B, sequence_lens, initial_h, dY, dY_h) -> dX, dW, dR, dB, d initial_h
+@kernel("RNNGrad", domain=PRIVATE_DOMAIN, shape=_backward_shapes)
+def rnn_grad(
+    X,
+    W,
+    R,
+    B=None,
+    sequence_lens=None,
+    initial_h=None,
+    dY=None,
+    dY_h=None,
+    *,
+    activation_alpha=None,
+    activation_beta=None,
+    activations=None,
+    clip=None,
+    direction="forward",
+    hidden_size=None,
+    layout=0,
+    noutputs: int = 1,
+):
+    return _run_backward("RNN", **locals())

@@ -1,0 +1,148 @@
+"""TrainingArtifact, the derived training step and all a device needs to run, resume and export it -> one `.etrain`
+file (numpy only): the step planned (edgetrain.graph.memory), the inference graph for run() and export, the
+initial parameters and optimizer state, the io and optimizer settings, provenance. edgetrain.runtime.artifact
+reads it back."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from edgetrain import __version__
+from edgetrain.core.artifact_format import IO_KEYS, program_id
+from edgetrain.core.container import write_container
+from edgetrain.core.ir import Graph
+from edgetrain.core.serialize import graph_to_dict
+from edgetrain.graph.memory import plan_memory
+from edgetrain.graph.rebatch import BatchPlan
+
+from .autodiff import expand_body
+from .params import Roles
+
+UPDATED = ".updated"  # output name of the next value of a parameter or state tensor: f"{name}.updated"
+
+
+@dataclass
+class TrainingArtifact:
+    """One derived training step and everything needed to run, resume and export it."""
+
+    graph: Graph  # the step; parameters and optimizer state are graph inputs
+    inference: Graph  # the static inference graph, with the initial parameters
+    base: Graph  # the inference graph before shapes were fixed (symbolic batch kept): for run() and export
+    parameters: list[str]  # trainable parameters (ONNX initializer names)
+    state: list[str]  # optimizer state inputs
+    initial: dict[str, np.ndarray]  # initial value of every parameter and state input
+    updates: dict[str, str]  # parameter or state input -> output holding its next value
+    data_inputs: list[str]
+    target: str
+    lr: str
+    loss: str
+    outputs: list[str]  # the model's outputs, also outputs of the step
+    loss_config: dict[str, Any] = field(default_factory=dict)
+    optimizer_config: dict[str, Any] = field(default_factory=dict)
+    provenance: dict[str, Any] = field(default_factory=dict)
+    roles: Roles | None = None  # every initializer's role in the imported model (build side only)
+    # what conversion did that the user should know (re-batching)
+    notes: list[str] = field(default_factory=list)
+    batch_plan: BatchPlan | None = None  # how the inference graph (base) moves to another batch, when fixed
+    # the step for the runtime's fused optimizer (see _fused_program), or None: the runtime runs `graph`
+    fused: dict | None = None
+
+    @property
+    def frozen(self) -> list[str]:
+        """Parameters of the model (by role) that this artifact does not train."""
+        candidates = self.roles.parameters if self.roles is not None else []
+        return [p for p in candidates if p not in self.parameters]
+
+    def feeds(
+        self,
+        x: dict[str, np.ndarray] | np.ndarray,
+        y: np.ndarray,
+        lr: float | None = None,
+        values: dict[str, np.ndarray] | None = None,
+    ) -> dict[str, np.ndarray]:
+        """The step's feeds: data (a dict, or one array for a single-input model), target, lr, and parameters
+        and state (their initial values unless given)."""
+        data = x if isinstance(x, dict) else {self.data_inputs[0]: x}
+        lr_value = self.optimizer_config.get("lr", 0.0) if lr is None else lr
+        feeds = {**data, self.target: y, self.lr: np.asarray(lr_value, np.float32)}
+        feeds.update(values if values is not None else self.initial)
+        return feeds
+
+    def save(self, path) -> int:
+        """Writes the artifact (`.etrain`): planned program, inference graph, initial state; returns its size."""
+        return save_artifact(self, path)
+
+    def training_onnx(self):
+        """One training step as a standard ONNX model: parameters and optimizer state are graph inputs whose
+        initial values are initializers, so feeding only data, target and lr runs one step from the initial
+        state. Fused ops become ONNX functions in standard ops. Needs onnx."""
+        from edgetrain.onnx_io.writer import to_onnx  # needs onnx: an optional dependency
+
+        stateful = self.parameters + self.state
+        g = self.graph.copy(
+            inputs=[i for i in self.graph.inputs if i not in stateful],
+            initializers={**self.graph.initializers, **self.initial},
+        )
+        g.name = f"{self.inference.name}_training_step"
+        return to_onnx(g, inputs_with_defaults=stateful, body=expand_body)
+
+
+def save_artifact(art: TrainingArtifact, path: str | os.PathLike) -> int:
+    """Plans memory, serializes and writes the artifact atomically; returns the file size in bytes."""
+    program, plan = plan_memory(art.graph)
+    prog_dict, tensors = graph_to_dict(program)
+    fused = None
+    if (
+        art.fused is not None
+    ):  # the step without its update nodes, planned on its own (see convert._fused_program)
+        fprogram, fplan = plan_memory(art.fused["graph"])
+        fdict, ftensors = graph_to_dict(fprogram)
+        for name, arr in ftensors.items():
+            assert name not in tensors or np.array_equal(tensors[name], arr), f"tensor '{name}' differs"
+            tensors.setdefault(name, arr)
+        fused = {
+            "program": fdict,
+            "plan": fplan.to_dict(),
+            "gradients": art.fused["gradients"],
+            "state_roles": art.fused["state_roles"],
+        }
+    base_dict, base_tensors = graph_to_dict(art.base)
+    for name, arr in base_tensors.items():
+        if name in tensors:
+            assert np.array_equal(tensors[name], arr), (
+                f"tensor '{name}' differs between program and base graph"
+            )
+        tensors.setdefault(name, arr)
+    # Optimizer state that starts at zero (momentum, Adam's moments) is declared, not stored: for Adam that is
+    # two thirds of the file.
+    zeros = {
+        name: [arr.dtype.name, [int(d) for d in arr.shape]]
+        for name, arr in art.initial.items()
+        if name in art.state and name not in tensors and not np.any(arr)
+    }
+    for name, arr in art.initial.items():
+        if name in zeros:
+            continue
+        tensors.setdefault(name, arr)
+        assert tensors[name] is arr or np.array_equal(tensors[name], arr), f"initial '{name}' differs"
+    io = {k: getattr(art, k) for k in IO_KEYS}
+    header = {
+        "edgetrain_version": __version__,
+        "program": prog_dict,
+        "program_id": program_id(prog_dict, io),
+        "plan": plan.to_dict(),
+        "base": base_dict,
+        "io": io,
+        "initial": [n for n in art.initial if n not in zeros],
+        "zeros": zeros,
+        "batch_plan": None if art.batch_plan is None else art.batch_plan.to_dict(),
+        "fused": fused,
+        "loss": art.loss_config,
+        "optimizer": art.optimizer_config,
+        "provenance": art.provenance,
+    }
+    return write_container(path, kind="artifact", header=header, tensors=tensors)

@@ -1,0 +1,277 @@
+"""Gradient rules of LSTM, GRU and RNN, and the standard-op bodies of their fused backward ops.
+
+The rule emits one fused node (LSTMGrad, GRUGrad, RNNGrad: back-propagation through time in numpy, see
+edgetrain.core.kernels.recurrent). Its body, for any other ONNX runtime, is the recurrence unrolled over the
+static sequence length into standard ops (one MatMul of all steps' inputs, then per step a MatMul against R, the
+gates, the masks of sequence_lens) followed by the gradient rules of those ops: the same derivative, built from
+rules that are each checked on their own, so the body is an independent second implementation of the kernel.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edgetrain.core.ir import Node
+from edgetrain.core.kernels.recurrent import DEFAULT_ACTS, DIRECTIONS, GATES, Act, resolve_activations
+from edgetrain.core.ops import PRIVATE_DOMAIN
+from edgetrain.derive.autodiff.context import GradContext
+from edgetrain.derive.autodiff.driver import backprop
+from edgetrain.derive.autodiff.registry import body, grad
+
+Grads = list[str | None]
+
+# gradient outputs of the fused op, by the forward input they belong to
+GRAD_INPUTS = {
+    "LSTM": (0, 1, 2, 3, 5, 6, 7),  # X, W, R, B, initial_h, initial_c, P
+    "GRU": (0, 1, 2, 3, 5),  # X, W, R, B, initial_h
+    "RNN": (0, 1, 2, 3, 5),
+}
+N_INPUTS = {"LSTM": 8, "GRU": 6, "RNN": 6}
+N_OUTPUTS = {"LSTM": 3, "GRU": 2, "RNN": 2}
+
+
+# (Y, Y_h[, Y_c]) = recurrence(X, W, R, B, sequence_lens, initial_h[, initial_c, P]): every gradient from one
+# fused op that recomputes the forward and runs back through time
+@grad("LSTM", "GRU", "RNN")
+def recurrent_grad(g: GradContext, node: Node, dys: Grads, needs: list[bool]) -> Grads:
+    op = node.op_type
+    n_in = N_INPUTS[op]
+    ins = list(node.inputs) + [""] * (n_in - len(node.inputs))
+    seeds = [d or "" for d in dys] + [""] * (N_OUTPUTS[op] - len(dys))
+    wanted = [k < len(needs) and needs[k] for k in GRAD_INPUTS[op]]
+    last = max(j for j, w in enumerate(wanted) if w)
+    names = [g.b.fresh(f"{node.name}_grad_{j}") if w else "" for j, w in enumerate(wanted[: last + 1])]
+    inputs = ins + seeds
+    while inputs and not inputs[-1]:
+        inputs.pop()
+    g.b.add(
+        f"{op}Grad",
+        inputs,
+        attrs=dict(node.attrs),
+        outputs=names,
+        name=f"{node.name}_grad",
+        domain=PRIVATE_DOMAIN,
+    )
+    out: Grads = [None] * len(node.inputs)
+    for j, name in enumerate(names):
+        k = GRAD_INPUTS[op][j]
+        if name and k < len(out):
+            out[k] = name
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- the body
+def _act(g: GradContext, act: Act, x: str) -> str:
+    """act(x) in standard ops."""
+    n, a, b = act.name, act.alpha, act.beta
+    simple = {
+        "sigmoid": "Sigmoid",
+        "tanh": "Tanh",
+        "relu": "Relu",
+        "softsign": "Softsign",
+        "softplus": "Softplus",
+    }
+    if n in simple:
+        return g.op(simple[n], x)
+    if n == "affine":
+        return g.op("Add", g.op("Mul", x, g.scalar_like(a, x)), g.scalar_like(b, x))
+    if n == "scaledtanh":
+        return g.op("Mul", g.op("Tanh", g.op("Mul", x, g.scalar_like(b, x))), g.scalar_like(a, x))
+    if n == "leakyrelu":
+        return g.op("LeakyRelu", x, alpha=a)
+    if n == "thresholdedrelu":
+        return g.op("ThresholdedRelu", x, alpha=a)
+    if n == "hardsigmoid":
+        return g.op("HardSigmoid", x, alpha=a, beta=b)
+    assert n == "elu", n
+    return g.op("Elu", x, alpha=a)
+
+
+class _Unrolled:
+    """The forward of one recurrent node unrolled into standard ops over its static sequence length."""
+
+    def __init__(self, g: GradContext, node: Node):
+        op = node.op_type[: -len("Grad")]
+        self.g, self.op, self.attrs = g, op, node.attrs
+        ins = list(node.inputs) + [""] * (N_INPUTS[op] + N_OUTPUTS[op] - len(node.inputs))
+        self.x, self.w, self.r, self.b, self.lens, self.h0 = ins[:6]
+        self.c0, self.p = (ins[6], ins[7]) if op == "LSTM" else ("", "")
+        self.seeds = ins[N_INPUTS[op] :]
+        self.direction = self.attrs.get("direction", "forward")
+        self.direction = self.direction.decode() if isinstance(self.direction, bytes) else self.direction
+        self.nd = DIRECTIONS[self.direction]
+        self.layout = int(self.attrs.get("layout", 0))
+        self.hidden = g.shape(self.r)[-1]
+        self.clip = self.attrs.get("clip")
+        self.acts = resolve_activations(
+            op,
+            DEFAULT_ACTS[op],
+            self.nd,
+            self.attrs.get("activations"),
+            self.attrs.get("activation_alpha"),
+            self.attrs.get("activation_beta"),
+        )
+
+    def build(self) -> tuple[str, str, str | None]:
+        """Appends the forward; returns (Y, Y_h, Y_c or None) in the node's layout."""
+        g = self.g
+        x, h0, c0 = self.x, self.h0, self.c0
+        if self.layout == 1:
+            x = g.op("Transpose", x, perm=[1, 0, 2])
+            h0 = h0 and g.op("Transpose", h0, perm=[1, 0, 2])
+            c0 = c0 and g.op("Transpose", c0, perm=[1, 0, 2])
+        self.t_len, self.n = g.shape(x)[:2]
+        lens = g.op("Cast", self.lens, to=7) if self.lens else ""  # int64
+        self.lens64 = lens
+        ys, hs, cs = [], [], []
+        for d in range(self.nd):
+            y, h, c = self._direction(x, h0, c0, d)
+            ys.append(g.op("Unsqueeze", y, g.ints([1])))
+            hs.append(g.op("Unsqueeze", h, g.ints([0])))
+            if c:
+                cs.append(g.op("Unsqueeze", c, g.ints([0])))
+        y = ys[0] if self.nd == 1 else g.op("Concat", *ys, axis=1)  # [T, D, N, H]
+        yh = hs[0] if self.nd == 1 else g.op("Concat", *hs, axis=0)
+        yc = (cs[0] if self.nd == 1 else g.op("Concat", *cs, axis=0)) if cs else None
+        if self.layout == 1:
+            y = g.op("Transpose", y, perm=[2, 0, 1, 3])
+            yh = g.op("Transpose", yh, perm=[1, 0, 2])
+            yc = yc and g.op("Transpose", yc, perm=[1, 0, 2])
+        return y, yh, yc
+
+    def _pick(self, v: str, d: int) -> str:
+        """v[d] of a per-direction input."""
+        return self.g.op("Gather", v, self.g.const(d, "int64", hint="dir"), axis=0)
+
+    def _direction(self, x: str, h0: str, c0: str, d: int) -> tuple[str, str, str]:
+        g, op, hs = self.g, self.op, self.hidden
+        gates = GATES[op]
+        reverse = self.direction == "reverse" or d == 1
+        by_length = reverse and bool(self.lens64)
+        if by_length:
+            x = g.op("ReverseSequence", x, self.lens64, batch_axis=1, time_axis=0)
+        w, r = self._pick(self.w, d), self._pick(self.r, d)
+        xw = g.op("MatMul", x, g.op("Transpose", w, perm=[1, 0]))  # [T, N, G*H]
+        rb_h = None
+        if self.b:
+            bd = self._pick(self.b, d)
+            wb, rb = g.ops("Split", bd, g.ints([gates * hs] * 2, hint="split"), n=2, axis=0)
+            if op == "GRU":
+                rb_zr, rb_h = g.ops("Split", rb, g.ints([2 * hs, hs], hint="split"), n=2, axis=0)
+                zero_h = g.const([0.0] * hs, g.dtype(x), hint="zeros")
+                xw = g.op("Add", xw, g.op("Add", wb, g.op("Concat", rb_zr, zero_h, axis=0)))
+            else:
+                xw = g.op("Add", xw, g.op("Add", wb, rb))
+        dt = g.dtype(x)
+        zeros = g.const(0.0, dt, hint="zero")
+        h = self._pick(h0, d) if h0 else g.op("Expand", zeros, g.ints([self.n, hs], hint="shape"))
+        c = None
+        if op == "LSTM":
+            c = self._pick(c0, d) if c0 else g.op("Expand", zeros, g.ints([self.n, hs], hint="shape"))
+        p = self._pick(self.p, d) if self.p else None
+        r_t = g.op("Transpose", r, perm=[1, 0])
+        steps = range(self.t_len - 1, -1, -1) if reverse and not by_length else range(self.t_len)
+        ys: dict[int, str] = {}
+        for k, t in enumerate(steps):
+            a = g.op("Gather", xw, g.const(t, "int64", hint="t"), axis=0)  # [N, G*H]
+            if op == "LSTM":
+                h_new, c_new = self._lstm(a, h, c, r_t, p, d)
+            elif op == "GRU":
+                h_new, c_new = self._gru(a, h, r, rb_h, d), None
+            else:
+                h_new, c_new = self._act(d, 0, self._clip(g.op("Add", a, g.op("MatMul", h, r_t)))), None
+            if self.lens64:
+                # processing step k of a sample is within its length when k < length (its steps are in order)
+                m = g.op("Unsqueeze", g.op("Less", g.const(k, "int64", hint="t"), self.lens64), g.ints([1]))
+                ys[t] = g.op("Where", m, h_new, zeros)
+                h = g.op("Where", m, h_new, h)
+                c = g.op("Where", m, c_new, c) if c_new else c
+            else:
+                ys[t] = h = h_new
+                c = c_new
+        y = g.op("Concat", *[g.op("Unsqueeze", ys[t], g.ints([0])) for t in range(self.t_len)], axis=0)
+        if by_length:
+            y = g.op("ReverseSequence", y, self.lens64, batch_axis=1, time_axis=0)
+        return y, h, c
+
+    def _clip(self, a: str) -> str:
+        if self.clip is None:
+            return a
+        lim = float(np.float32(self.clip))  # a FLOAT attribute is 32-bit, as the kernel reads it
+        return self.g.op("Clip", a, self.g.scalar_like(-lim, a), self.g.scalar_like(lim, a))
+
+    def _act(self, d: int, k: int, x: str) -> str:
+        return _act(self.g, self.acts[d][k], x)
+
+    def _lstm(self, a: str, h: str, c: str, r_t: str, p: str | None, d: int) -> tuple[str, str]:
+        g, hs = self.g, self.hidden
+        a = g.op("Add", a, g.op("MatMul", h, r_t))
+        ai, ao, af, ac = g.ops("Split", a, g.ints([hs] * 4, hint="split"), n=4, axis=1)
+        if p:
+            pi, po, pf = g.ops("Split", p, g.ints([hs] * 3, hint="split"), n=3, axis=0)
+            ai = g.op("Add", ai, g.op("Mul", pi, c))
+            af = g.op("Add", af, g.op("Mul", pf, c))
+        gi = self._act(d, 0, self._clip(ai))
+        if self.attrs.get("input_forget", 0):
+            gf = g.op("Sub", g.scalar_like(1.0, gi), gi)
+        else:
+            gf = self._act(d, 0, self._clip(af))
+        gc = self._act(d, 1, self._clip(ac))
+        c_new = g.op("Add", g.op("Mul", gf, c), g.op("Mul", gi, gc))
+        if p:
+            ao = g.op("Add", ao, g.op("Mul", po, c_new))
+        go = self._act(d, 0, self._clip(ao))
+        return g.op("Mul", go, self._act(d, 2, c_new)), c_new
+
+    def _gru(self, a: str, h: str, r: str, rb_h: str | None, d: int) -> str:
+        g, hs = self.g, self.hidden
+        r_zr, r_h = g.ops("Split", r, g.ints([2 * hs, hs], hint="split"), n=2, axis=0)
+        ax, ah = g.ops("Split", a, g.ints([2 * hs, hs], hint="split"), n=2, axis=1)
+        azr = g.op("Add", ax, g.op("MatMul", h, g.op("Transpose", r_zr, perm=[1, 0])))
+        az, ar = g.ops("Split", azr, g.ints([hs, hs], hint="split"), n=2, axis=1)
+        z = self._act(d, 0, self._clip(az))
+        rr = self._act(d, 0, self._clip(ar))
+        r_h_t = g.op("Transpose", r_h, perm=[1, 0])
+        if self.attrs.get("linear_before_reset", 0):
+            q = g.op("MatMul", h, r_h_t)
+            q = g.op("Add", q, rb_h) if rb_h else q
+            ah = g.op("Add", ah, g.op("Mul", rr, q))
+        else:
+            q = g.op("MatMul", g.op("Mul", rr, h), r_h_t)
+            q = g.op("Add", q, rb_h) if rb_h else q
+            ah = g.op("Add", ah, q)
+        hh = self._act(d, 1, self._clip(ah))
+        # (1 - z) * hh + z * h
+        return g.op("Add", g.op("Mul", g.op("Sub", g.scalar_like(1.0, z), z), hh), g.op("Mul", z, h))
+
+
+@body("LSTMGrad", "GRUGrad", "RNNGrad")
+def _recurrent_grad_body(g: GradContext, node: Node) -> list[str]:
+    u = _Unrolled(g, node)
+    start = len(g.graph.nodes)
+    outs = u.build()
+    forward = g.graph.nodes[start:]
+    seeds = {o: s for o, s in zip(outs, u.seeds) if o and s}
+    wrt_inputs = [u.x, u.w, u.r, u.b, u.h0] + ([u.c0, u.p] if u.op == "LSTM" else [])
+    wrt = [v for v in wrt_inputs if v]
+    grads = backprop(g, forward, seeds, wrt)
+    results = []
+    for k, v in enumerate(wrt_inputs[: len(node.outputs)]):
+        if not node.outputs[k]:
+            results.append("")
+        elif v and grads.get(v):
+            results.append(grads[v])
+        else:  # no seed depends on it (or the input is omitted): zeros of its shape
+            shape = g.shape(v) if v else _omitted_shape(u, k)
+            results.append(
+                g.op("Expand", g.const(0.0, g.dtype(u.x), hint="zero"), g.ints(shape, hint="shape"))
+            )
+    return results
+
+
+def _omitted_shape(u: _Unrolled, k: int) -> list[int]:
+    """The shape of the gradient of an omitted input (the fused kernel returns zeros of it)."""
+    g, nd, hs, gates = u.g, u.nd, u.hidden, GATES[u.op]
+    n = g.shape(u.x)[1 - u.layout]
+    state = [nd, n, hs] if u.layout == 0 else [n, nd, hs]
+    return {3: [nd, 2 * gates * hs], 4: state, 5: state, 6: [nd, 3 * hs]}[k]

@@ -1,0 +1,256 @@
+"""The trainability report (`edgetrain check`): ONNX model -> which ops have gradient rules, which parameters
+would train, and whether a training step can be derived, with the reason when it cannot; and the list of the ops
+edgetrain supports (`edgetrain check --ops`)."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from edgetrain.core.errors import EdgeTrainError
+
+
+@dataclass
+class OpCoverage:
+    op_type: str
+    count: int
+    has_rule: bool
+    on_gradient_path: int  # how many of its nodes lie between a trainable parameter and the output
+
+
+@dataclass
+class ParameterInfo:
+    name: str
+    shape: tuple[int, ...]
+    trainable: bool  # trains by default (a parameter by role)
+    kind: str  # "parameter", "constant" (trains only when named) or "fixed" (never trains)
+    role: str  # e.g. "weight of Conv", "running mean of BatchNormalization", "constant"
+    nodes: list[str] = field(default_factory=list)  # the nodes that read it
+    aliases: list[str] = field(default_factory=list)  # other names the exporter gave it (Identity copies)
+
+
+@dataclass
+class CheckReport:
+    model: str
+    opset: int
+    inputs: list[tuple[str, str]]
+    outputs: list[tuple[str, str]]
+    ops: list[OpCoverage]
+    parameters: list[ParameterInfo]
+    derivable: bool
+    problem: str = ""
+    backward_nodes: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def missing_rules(self) -> list[str]:
+        return [o.op_type for o in self.ops if o.on_gradient_path and not o.has_rule]
+
+    def text(self) -> str:
+        lines = [f"model      {self.model}  (opset {self.opset}, canonical form)"]
+        lines += [f"input      {n}  {t}" for n, t in self.inputs] + [
+            f"output     {n}  {t}" for n, t in self.outputs
+        ]
+        lines += ["", f"{'op':24s} {'nodes':>5s} {'on grad path':>12s}  gradient rule"]
+        for o in self.ops:
+            rule = "yes" if o.has_rule else ("MISSING" if o.on_gradient_path else "no (not needed)")
+            lines.append(f"{o.op_type:24s} {o.count:5d} {o.on_gradient_path:12d}  {rule}")
+        by_kind = {k: [p for p in self.parameters if p.kind == k] for k in ("parameter", "constant", "fixed")}
+        size = sum(int(np.prod(p.shape)) for p in by_kind["parameter"])
+        lines += [
+            "",
+            f"parameters: {len(by_kind['parameter'])} train by default ({size:,} values); "
+            f"{len(by_kind['constant'])} float constants train only when named; "
+            f"{len(by_kind['fixed'])} statistics and shape values never train",
+        ]
+        titles = {
+            "parameter": "parameters (train by default)",
+            "constant": "constants (train only when named in --trainable / trainable=)",
+            "fixed": "statistics and shape values (never trained)",
+        }
+        for kind, title in titles.items():
+            shown = [p for p in by_kind[kind] if kind != "constant" or int(np.prod(p.shape)) > 1]
+            if shown:
+                w = min(max(len(p.name) for p in shown), 60)
+                lines += ["", f"{title}:", f"  {'name':{w}s}  {'shape':14s} {'role':38s} read by"]
+                lines += [_param_line(p, w) for p in shown]
+            if len(shown) < len(by_kind[kind]):
+                lines.append(
+                    f"  (and {len(by_kind[kind]) - len(shown)} one-value constants: eps, exponents, ...)"
+                )
+        if by_kind["parameter"]:
+            example = next((p.nodes[0] for p in by_kind["parameter"] if p.nodes and "/" in p.nodes[0]), None)
+            hint = "select some with --trainable NAME-OR-PATTERN; a pattern also matches the nodes that read them"
+            lines += ["", hint + (f" (e.g. '{example.rsplit('/', 1)[0]}/*')" if example else "")]
+        lines.append("")
+        if self.derivable:
+            lines.append(
+                f"OK: a training step derives for every default parameter ({self.backward_nodes} backward "
+                "nodes, with a mean-of-output stand-in loss)"
+            )
+        else:
+            lines.append(f"NOT TRAINABLE as is: {self.problem}")
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def _param_line(p: ParameterInfo, width: int) -> str:
+    nodes = ", ".join(p.nodes[:2]) + (f" (+{len(p.nodes) - 2} more)" if len(p.nodes) > 2 else "")
+    return f"  {p.name:{width}s}  {str(list(p.shape)).replace(' ', ''):14s} {p.role:38s} {nodes}"
+
+
+# kernel module -> the heading its ops are listed under by `edgetrain check --ops`, in this order
+_OP_GROUPS = {
+    "nn": "convolution and pooling",
+    "math": "matrix products, normalization, reductions, softmax",
+    "activations": "activations",
+    "elementwise": "elementwise math, comparison and logic",
+    "recurrent": "recurrent",
+    "tensor": "shape and layout",
+    "resize": "shape and layout",
+    "cast": "shape and layout",
+    "indexing": "gather, scatter and indexing",
+}
+
+
+def ops_text(width: int = 100) -> str:
+    """`edgetrain check --ops`: the standard ONNX ops edgetrain runs, grouped and wrapped; the ops without a
+    gradient rule are in [brackets]."""
+    import textwrap
+
+    from edgetrain.core.kernels import KERNELS
+
+    from .autodiff import rules  # noqa: F401  (registers the rule table)
+    from .autodiff.registry import RULES
+
+    groups: dict[str, list[str]] = {title: [] for title in _OP_GROUPS.values()}
+    for op, k in sorted(KERNELS.items()):
+        if not k.domain:
+            module = k.fn.__module__.rsplit(".", 1)[-1]
+            groups.setdefault(_OP_GROUPS.get(module, module), []).append(op)
+    ops = [op for members in groups.values() for op in members]
+    no_rule = [op for op in ops if op not in RULES]
+    lines = textwrap.wrap(
+        f"edgetrain runs these {len(ops)} standard ONNX ops (domain ai.onnx). {len(ops) - len(no_rule)} have "
+        f"gradient rules; the {len(no_rule)} in [brackets] have none: a trainable parameter before one of them, "
+        "on the way to the loss, cannot train (most of them give integers or booleans, which carry no gradient).",
+        width,
+    )
+    for title, members in groups.items():
+        if members:
+            names = " ".join(op if op in RULES else f"[{op}]" for op in members)
+            lines += ["", f"{title} ({len(members)}):"]
+            lines += textwrap.wrap(
+                names, width, initial_indent="  ", subsequent_indent="  ", break_on_hyphens=False
+            )
+    return "\n".join(lines)
+
+
+def check(model: Any, *, batch_size: int | None = 1) -> CheckReport:
+    """Builds the report; never raises for a model that imports (a failure to derive is in the report). A model
+    that does not import is an EdgeTrainError naming the file and the fault."""
+    from edgetrain.core.ir import about
+    from edgetrain.onnx_io.reader import source_of
+
+    with about(source_of(model)):
+        return _check(model, batch_size)
+
+
+def _check(model: Any, batch_size: int | None) -> CheckReport:
+    from edgetrain.graph.passes import fold_constants, make_static
+    from edgetrain.onnx_io.reader import from_onnx, load_model
+    from edgetrain.onnx_io.shapes import check_types, node_shapes
+
+    from .autodiff import rules  # noqa: F401  (registers the rule table)
+    from .autodiff.context import GradContext, ShapedBuilder
+    from .autodiff.driver import differentiate
+    from .autodiff.registry import RULES
+    from .params import FIXED
+    from .pipeline import read_roles
+
+    proto = load_model(model)
+    imported, roles, untied = read_roles(from_onnx(proto))
+    params = roles.parameters
+    base = fold_constants(imported, fold_shapes=False, keep=params, rule=node_shapes)
+    roles = roles.finalize(base)
+    params = roles.parameters
+    graph = make_static(base, batch_size=batch_size, keep=params, rule=node_shapes)
+    check_types(graph)
+    params = [p for p in params if p in graph.initializers]
+    active = set(params)
+    on_path: Counter = Counter()
+    for n in graph.nodes:
+        if any(i in active for i in n.inputs if i):
+            on_path[n.op_type] += 1
+            active.update(o for o in n.outputs if o and np.dtype(graph.values[o].dtype).kind == "f")
+    counts = Counter(n.op_type for n in graph.nodes)
+    ops = [OpCoverage(op, c, op in RULES, on_path[op]) for op, c in sorted(counts.items())]
+    infos = [
+        ParameterInfo(
+            r.name,
+            r.shape or (),
+            r.kind == "parameter",
+            r.kind,
+            r.role,
+            [
+                scope or node for node, scope in zip(r.nodes, r.scopes)
+            ],  # module paths where the names lack them
+            r.aliases,
+        )
+        for r in roles.entries.values()
+        if r.kind != FIXED or r.dtype.startswith("float")
+    ]
+    report = CheckReport(
+        model=str(model) if isinstance(model, (str, os.PathLike)) else (proto.graph.name or "model"),
+        opset=graph.opset,
+        inputs=[(n, str(graph.values[n])) for n in graph.inputs],
+        outputs=[(n, str(graph.values[n])) for n in graph.outputs],
+        ops=ops,
+        parameters=infos,
+        derivable=False,
+    )
+    report.notes.extend(untied)
+    tied = [p for p in infos if p.trainable and p.aliases]
+    if tied:
+        report.notes.append(
+            f"{len(tied)} parameter(s) are each read under several names (e.g. '{tied[0].name}' also as "
+            f"'{tied[0].aliases[0]}'): the exporter merged initializers whose values were identical (freshly "
+            "initialized weights often are), so each trains as one tensor; export a model whose weights differ "
+            "to train them apart"
+        )
+    if not params:
+        report.problem = (
+            "no initializer is in a parameter role (weights, biases, scales, embedding tables); "
+            "name constants to train with --trainable"
+        )
+        return report
+    b = ShapedBuilder(graph, rule=node_shapes)
+    ctx = GradContext(b)
+    out = graph.outputs[0]
+    if np.dtype(graph.values[out].dtype).kind != "f":
+        report.problem = (
+            f"the first output '{out}' is {graph.values[out]}, not a float tensor: nothing to train on"
+        )
+        return report
+    loss = ctx.op("ReduceMean", out, keepdims=0)
+    n_before = len(b.graph.nodes)
+    try:
+        grads = differentiate(ctx, loss, params)
+    except EdgeTrainError as e:
+        report.problem = str(e)
+        return report
+    report.derivable = True
+    report.backward_nodes = len(b.graph.nodes) - n_before
+    unreached = [p for p, g in grads.items() if g is None]
+    if unreached:
+        report.notes.append(
+            f"{len(unreached)} parameter(s) do not affect the output and would not train: "
+            f"{', '.join(unreached[:5])}"
+        )
+    if batch_size is not None:
+        report.notes.append(f"shapes checked at batch size {batch_size}")
+    return report

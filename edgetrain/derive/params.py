@@ -1,0 +1,398 @@
+"""Parameters by role (numpy only): an imported graph, before any folding -> which initializers are parameters
+(weights, biases, scales, embedding tables), which are statistics or shape values, which are other constants that
+train only when named, each with the nodes that read it; and the trainable set that `trainable=` selects.
+
+Roles come from the op records (edgetrain.core.ops), read through ops that only rearrange a tensor (Transpose,
+Reshape, Identity, Cast, ...), so an exporter's pre-transposed or tied weight is still the initializer under it.
+Two roles depend on the neighbourhood: a constant added to the output of a linear op that has no bias of its own
+is that op's bias (torch's Linear exported as MatMul + Add), and a constant multiplying a normalized value is a
+scale (a LayerNorm or RMSNorm written out in elementwise ops), whose following Add is then a bias.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from edgetrain.core.errors import UnsupportedError
+from edgetrain.core.ir import Graph, Node, TensorInfo
+from edgetrain.core.ops import record
+
+PARAMETER, CONSTANT, FIXED = "parameter", "constant", "fixed"
+
+
+@dataclass
+class Role:
+    """What one initializer (or constant-computed value) is to the model."""
+
+    name: str
+    kind: str  # PARAMETER (trains by default), CONSTANT (trains only when named), FIXED (never trains)
+    role: str  # e.g. "weight of Conv", "bias of MatMul", "running mean of BatchNormalization", "constant"
+    nodes: list[str] = field(default_factory=list)  # the nodes that read it (through rearranging ops)
+    shape: tuple[int, ...] | None = None
+    dtype: str = ""
+    # names of Identity copies: one tensor under several names
+    aliases: list[str] = field(default_factory=list)
+    # module paths of the reading nodes, where the exporter recorded them (else "")
+    scopes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Roles:
+    """Every initializer's role, in the graph's initializer order (values computed from constants alone that fill
+    a weight role, like ConstantOfShape weight fills, come after)."""
+
+    entries: dict[str, Role]
+
+    def of_kind(self, kind: str) -> list[str]:
+        return [n for n, r in self.entries.items() if r.kind == kind]
+
+    @property
+    def parameters(self) -> list[str]:
+        return self.of_kind(PARAMETER)
+
+    @property
+    def constants(self) -> list[str]:
+        return self.of_kind(CONSTANT)
+
+    def finalize(self, graph: Graph) -> Roles:
+        """The roles of the values that are float initializers of `graph` (the graph after folding), with shapes:
+        a parameter that folded into an integer tensor, or that was folded away, drops out."""
+        out = {}
+        for name, r in self.entries.items():
+            arr = graph.initializers.get(name)
+            if arr is None:
+                continue
+            kind = r.kind if arr.dtype.kind == "f" or r.kind == FIXED else FIXED
+            shape = tuple(int(d) for d in arr.shape)
+            out[name] = Role(
+                name, kind, r.role, list(r.nodes), shape, arr.dtype.name, list(r.aliases), list(r.scopes)
+            )
+        return Roles(out)
+
+
+class _Walker:
+    """Producers and readers of a graph, looked at through the ops that only rearrange a tensor."""
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.producer = graph.producers()
+        self.readers = graph.consumers()
+        self.computable = set(graph.initializers)  # values computed from initializers alone
+        for n in graph.nodes:
+            if not record(n.op_type).random and all(not i or i in self.computable for i in n.inputs):
+                self.computable.update(o for o in n.outputs if o)
+
+    def source(self, value: str) -> str:
+        """The value under `value` through rearranging ops: the initializer a weight is read from."""
+        seen = set()
+        while value not in self.graph.initializers and value not in seen:
+            seen.add(value)
+            p = self.producer.get(value)
+            if p is None or not record(p.op_type).rearranges or not p.inputs or not p.inputs[0]:
+                break
+            value = p.inputs[0]
+        return value
+
+    def made_by(self, value: str) -> Node | None:
+        """The node that computes `value`, looking through rearranging ops (None for inputs and initializers)."""
+        p = self.producer.get(value)
+        while p is not None and record(p.op_type).rearranges and p.inputs and p.inputs[0]:
+            p = self.producer.get(p.inputs[0])
+        return p
+
+    def users(self, value: str) -> list[Node]:
+        """The nodes that read `value`, looking through rearranging ops (Identity, Transpose, ...)."""
+        out, todo, seen = [], [value], set()
+        while todo:
+            v = todo.pop(0)
+            for n in self.readers.get(v, []):
+                if n.name in seen:
+                    continue
+                seen.add(n.name)
+                if record(n.op_type).rearranges and n.inputs[0] == v:
+                    todo.extend(o for o in n.outputs if o)
+                else:
+                    out.append(n)
+        return out
+
+    def aliases(self, value: str) -> list[str]:
+        """Other names an exporter gave the same tensor: Identity copies of it (the TorchScript exporter merges
+        initializers whose values are identical and reads the merged one through Identity nodes)."""
+        return [o for n in self.readers.get(value, []) if n.op_type == "Identity" for o in n.outputs if o]
+
+    def is_float_constant(self, value: str) -> bool:
+        if value not in self.computable:
+            return False
+        arr = self.graph.initializers.get(value)
+        info = self.graph.values.get(value)
+        dtype = arr.dtype if arr is not None else (info.dtype if info is not None else None)
+        return dtype is None or np.dtype(dtype).kind == "f"  # unknown yet: decided after folding (finalize)
+
+    def normalized(self, value: str) -> bool:
+        """Whether `value` is the output of a normalization: a normalization op, x / sqrt(...) (a LayerNorm
+        written out) or x * 1/sqrt(...) (an RMSNorm written out)."""
+        p = self.made_by(value)
+        if p is None:
+            return False
+        if record(p.op_type).normalizes:
+            return True
+        if p.op_type == "Div" and len(p.inputs) > 1:
+            return self._root(p.inputs[1])
+        if p.op_type == "Mul":
+            for i in p.inputs:
+                q = self.made_by(i)
+                if q is not None and q.op_type == "Reciprocal" and self._root(q.inputs[0]):
+                    return True
+                if q is not None and q.op_type == "Div" and len(q.inputs) > 1 and self._root(q.inputs[1]):
+                    return q.inputs[0] in self.computable
+        return False
+
+    def _root(self, value: str) -> bool:
+        q = self.made_by(value)
+        if q is not None and q.op_type == "Add":  # sqrt(var) + eps
+            q = next((self.made_by(i) for i in q.inputs if self.made_by(i) is not None), None)
+        return q is not None and q.op_type == "Sqrt"
+
+
+def find_roles(graph: Graph) -> Roles:
+    """The role of every initializer of an imported graph (canonical form, nothing folded yet)."""
+    w = _Walker(graph)
+    entries: dict[str, Role] = {
+        name: Role(
+            name, CONSTANT if arr.dtype.kind == "f" else FIXED, "constant" if arr.dtype.kind == "f" else ""
+        )
+        for name, arr in graph.initializers.items()
+    }
+
+    def claim(value: str, kind: str, role: str, node: Node) -> None:
+        # FIXED is claimed first and wins; a value computed from constants alone (a ConstantOfShape weight fill)
+        # becomes a parameter under its own name, and an initializer when folded
+        src = w.source(value)
+        r = entries.get(src)
+        if r is None:
+            if kind != PARAMETER or src not in w.computable:
+                return
+            r = entries[src] = Role(src, kind, role)
+        elif r.kind == CONSTANT or (r.kind == FIXED and kind == FIXED and not r.role):
+            r.kind, r.role = kind, role
+        if node.name not in r.nodes:
+            r.nodes.append(node.name)
+
+    for n in graph.nodes:  # statistics and shape values first: they never train, whatever else reads them
+        rec = record(n.op_type)
+        fixed = {**{k: "shape input" for k in rec.shape_inputs}, **rec.statistics}
+        for pos, what in fixed.items():
+            if pos < len(n.inputs) and n.inputs[pos]:
+                claim(n.inputs[pos], FIXED, f"{what} of {n.op_type}", n)
+    for n in graph.nodes:
+        for pos, what in record(n.op_type).weights.items():
+            if pos < len(n.inputs) and n.inputs[pos] and w.is_float_constant(w.source(n.inputs[pos])):
+                claim(n.inputs[pos], PARAMETER, f"{what} of {n.op_type}", n)
+    for n in graph.nodes:  # roles by neighbourhood: scales after normalizations, biases after linear maps
+        if n.op_type not in ("Mul", "Add") or len(n.inputs) != 2:
+            continue
+        for mine, other in (n.inputs, n.inputs[::-1]):
+            src = w.source(mine)
+            if not w.is_float_constant(src) or other in w.computable:
+                continue
+            if n.op_type == "Mul" and w.normalized(other):
+                claim(mine, PARAMETER, "scale after a normalization", n)
+            elif n.op_type == "Add" and _unbiased_linear(w, other, entries):
+                claim(mine, PARAMETER, f"bias of {w.made_by(other).op_type}", n)
+    for name, r in entries.items():  # every reader, for `check` and for selecting by node name
+        for reader in w.users(name):
+            if reader.name not in r.nodes:
+                r.nodes.append(reader.name)
+        r.aliases = w.aliases(name)
+        r.scopes = [graph.scopes.get(n, "") for n in r.nodes]
+    return Roles(entries)
+
+
+def _unbiased_linear(w: _Walker, value: str, entries: dict[str, Role]) -> bool:
+    """Whether `value` is the output of a linear op with a parameter and no bias of its own (MatMul, Conv
+    without B, ...), or of a scale after a normalization: a constant added to it is its bias."""
+    p = w.made_by(value)
+    if p is None:
+        return False
+    rec = record(p.op_type)
+    reads_param = any(
+        entries.get(w.source(i)) is not None and entries[w.source(i)].kind == PARAMETER for i in p.inputs if i
+    )
+    if not reads_param:
+        return False
+    if rec.linear:
+        return rec.bias is None or rec.bias >= len(p.inputs) or not p.inputs[rec.bias]
+    return p.op_type == "Mul" and any(
+        (r := entries.get(w.source(i))) is not None and r.role == "scale after a normalization"
+        for i in p.inputs
+    )
+
+
+# ---- selecting what trains --------------------------------------------------------------------------------------
+def select_trainable(roles: Roles, trainable: str | Sequence[str] | None) -> list[str]:
+    """The trainable set: every parameter (None), or those matching names or glob patterns. A pattern matches a
+    parameter's name or the name of a node that reads it ('/layer4/*'); an exact name may also select a constant
+    (input normalization, say), never a statistic or shape value. Each pattern must match something."""
+    params = roles.parameters
+    if trainable is None:
+        if not params:
+            raise UnsupportedError(
+                "the model has no initializers in a parameter role (weights, biases, scales, embedding tables); "
+                "nothing to train. Name constants to train with trainable=[...] (`edgetrain check` lists them)"
+            )
+        return params
+    patterns = [trainable] if isinstance(trainable, str) else list(trainable)
+    chosen: list[str] = []
+    for pat in patterns:
+        r = roles.entries.get(pat)
+        if r is not None:
+            if r.kind == FIXED:
+                raise UnsupportedError(
+                    f"'{pat}' cannot be trained: it is the {r.role or (r.dtype + ' tensor')}"
+                    f"{' read by ' + r.nodes[0] if r.nodes else ''}"
+                )
+            hits = [pat]
+        else:
+            hits = [p for p in params if _matches(roles.entries[p], pat)]
+        if not hits:
+            raise UnsupportedError(_no_match(roles, pat))
+        chosen.extend(h for h in hits if h not in chosen)
+    order = {p: k for k, p in enumerate(roles.entries)}
+    return sorted(chosen, key=order.__getitem__)
+
+
+def _matches(r: Role, pat: str) -> bool:
+    """A pattern selects a tensor by its own name, or by the name or module path of a node that reads it."""
+    return any(fnmatch.fnmatchcase(n, pat) for n in [r.name, *r.nodes, *r.scopes] if n)
+
+
+def _no_match(roles: Roles, pat: str) -> str:
+    params = roles.parameters
+    msg = f"trainable pattern '{pat}' matches no parameter name and no node name"
+    words = [w for w in re.split(r"[*?\[\]]+", pat) if w.strip("./_-")]
+    readers = {n: p for p in reversed(params) for n in roles.entries[p].nodes + roles.entries[p].scopes if n}
+    nodes = sorted(readers)
+    near = [n for n in nodes if words and all(w.strip(".") in n for w in words)]
+    if near:
+        prefix = _prefix_through(near[0], words[0].strip("."))
+        msg += (
+            f". Nodes named like it read parameters, e.g. '{near[0]}' (reading '{readers[near[0]]}'): select "
+            f"them by node name, e.g. '{prefix}*'"
+        )
+    else:
+        shown = ", ".join(f"'{p}'" for p in params[:8])
+        msg += f". Parameters: {shown}{' ...' if len(params) > 8 else ''}"
+        if nodes:
+            msg += f"; node names look like '{nodes[0]}'"
+    return msg + ". `edgetrain check MODEL` lists every parameter with the nodes that read it"
+
+
+def _prefix_through(name: str, word: str) -> str:
+    """The part of a node name up to the end of the path segment that holds `word`: '/layer4/' for
+    '/layer4/layer4.0/conv1/Conv' and 'layer4'."""
+    at = name.find(word)
+    end = name.find("/", at + len(word))
+    return name[: end + 1] if end >= 0 else name[: at + len(word)]
+
+
+def untie_merged(graph: Graph) -> tuple[Graph, list[str]]:
+    """Undoes an exporter's merging where it joined tensors of different kinds: the TorchScript exporter merges
+    initializers whose values are identical (a fresh BatchNorm weight of ones and a running variance of ones) and
+    reads the merged one through Identity nodes named after the originals. Aliases that fill a parameter role and
+    a statistic role were never one tensor: each gets its own initializer again. (Aliases that are all parameters
+    stay one tensor: torch merges truly shared weights the same way, and the graph cannot tell them apart.)"""
+    families: dict[str, list[Node]] = {}
+    for n in graph.nodes:
+        if n.op_type == "Identity" and n.inputs and n.inputs[0] in graph.initializers and n.outputs[0]:
+            if n.outputs[0] not in graph.outputs:
+                families.setdefault(n.inputs[0], []).append(n)
+    if not families:
+        return graph, []
+    split = _materialize(graph, {n for ns in families.values() for n in ns})
+    roles = find_roles(split)
+    notes, untie = [], set()
+    for src, copies in families.items():
+        members = [src] + [n.outputs[0] for n in copies]
+        used = [roles.entries[m] for m in members if m in roles.entries and roles.entries[m].nodes]
+        if {PARAMETER, FIXED} <= {r.kind for r in used}:
+            untie.update(copies)
+            shown = ", ".join(f"'{r.name}' ({r.role})" for r in used[:3]) + (" ..." if len(used) > 3 else "")
+            notes.append(
+                f"the exporter merged tensors with identical values into '{src}': {shown}; they are a parameter "
+                "and a statistic, so edgetrain reads them as the separate tensors they are"
+            )
+    return (_materialize(graph, untie), notes) if untie else (graph, [])
+
+
+def _materialize(graph: Graph, identities: set[Node]) -> Graph:
+    """The graph with the given Identity-of-initializer nodes replaced by initializers of their own."""
+    copies: dict[str, list[str]] = {}
+    for n in identities:
+        copies.setdefault(n.inputs[0], []).append(n.outputs[0])
+    inits, values = {}, dict(graph.values)
+    for name, arr in graph.initializers.items():  # each copy right after its source: listings read in order
+        inits[name] = arr
+        for alias in copies.get(name, []):
+            inits[alias] = arr
+            values[alias] = TensorInfo(arr.dtype, tuple(int(d) for d in arr.shape))
+    kept = [n for n in graph.nodes if n not in identities]
+    return graph.copy(nodes=kept, initializers=inits, values=values)
+
+
+def refold_copies(graph: Graph, roles: Roles) -> tuple[Graph, list[str]]:
+    """Undoes an exporter's folding of a parameter into a constant: the dynamo exporter unrolls nn.RNN and folds its
+    first step's h0 @ W_hh^T + b_hh (h0 = 0) into a constant holding b_hh broadcast over the batch, so b_hh would
+    train everywhere but there. A float constant that is exactly a parameter broadcast to a larger shape (a
+    parameter with at least two distinct values: random values do not repeat by chance) is read as an Expand of
+    that parameter instead, and trains with it."""
+
+    def varied(v: np.ndarray) -> bool:  # two distinct values at least (O(n): no sort of a large tensor)
+        return v.size >= 2 and bool(v.min() != v.max())
+
+    consts = {
+        name: c
+        for name in roles.constants
+        if (c := graph.initializers.get(name)) is not None
+        and c.dtype.kind == "f"
+        and c.ndim > 0
+        and name not in graph.outputs
+        and varied(c)
+    }
+    params = {
+        p: v for p in roles.parameters if (v := graph.initializers.get(p)) is not None and v.dtype.kind == "f"
+    }
+    swaps: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for name, c in consts.items():
+        for p, v in params.items():
+            if c.size <= v.size or c.dtype != v.dtype:
+                continue
+            try:
+                if np.broadcast_shapes(v.shape, c.shape) != c.shape:
+                    continue
+            except ValueError:
+                continue
+            if varied(v) and np.array_equal(c, np.broadcast_to(v, c.shape)):
+                swaps[name] = (p, tuple(int(d) for d in c.shape))
+                break
+    if not swaps:
+        return graph, []
+    g = graph.copy(nodes=[], initializers={k: v for k, v in graph.initializers.items() if k not in swaps})
+    for name, (p, shape) in swaps.items():
+        shape_name = f"{name}_shape"
+        while shape_name in graph.values or shape_name in graph.initializers:
+            shape_name += "_"
+        g.initializers[shape_name] = np.asarray(shape, np.int64)
+        g.values[shape_name] = TensorInfo(np.dtype(np.int64), (len(shape),))
+        g.nodes.append(Node("Expand", (p, shape_name), (name,), {}, name=f"{name}_refold"))
+    g.nodes.extend(graph.nodes)
+    notes = [
+        f"constant '{name}' {list(shape)} is parameter '{p}' broadcast (the exporter folded a computation with it, "
+        "e.g. an unrolled RNN's first step): edgetrain reads it from the parameter, so it trains with it"
+        for name, (p, shape) in swaps.items()
+    ]
+    return g, notes

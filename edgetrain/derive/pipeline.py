@@ -1,0 +1,240 @@
+"""The conversion pipeline: ONNX inference model -> TrainingArtifact (one training step as a pure graph:
+(data, target, lr, parameters, optimizer state) -> (loss, model outputs, new parameters, new state))."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from edgetrain.core.errors import ShapeError, UnsupportedError
+from edgetrain.core.ir import Graph, TensorInfo, about
+from edgetrain.graph.passes import fold_constants, make_static, prune
+from edgetrain.graph.rebatch import (
+    BatchPlan,
+    apply_batch_plan,
+    batch_free_states,
+    find_batch_plan,
+    fixed_batch,
+    verify_batch_plan,
+)
+
+from .artifact import UPDATED, TrainingArtifact
+from .autodiff.context import ShapedBuilder, default_shape_rule
+from .autodiff.driver import differentiate
+from .losses import ILoss
+from .optimizers import IOptimizer, TrainingContext
+from .params import Roles, find_roles, refold_copies, select_trainable, untie_merged
+
+
+def _rename(graph: Graph, mapping: dict[str, str]) -> None:
+    """Renames values everywhere in graph (in place), in one pass."""
+    graph.nodes[:] = [
+        n.replace(
+            inputs=tuple(mapping.get(i, i) for i in n.inputs),
+            outputs=tuple(mapping.get(o, o) for o in n.outputs),
+        )
+        if any(v in mapping for v in n.inputs + n.outputs)
+        else n
+        for n in graph.nodes
+    ]
+    graph.outputs[:] = [mapping.get(o, o) for o in graph.outputs]
+    for old, new in mapping.items():
+        graph.values[new] = graph.values.pop(old)
+
+
+def convert(
+    model: Any,
+    *,
+    loss: ILoss,
+    optimizer: IOptimizer,
+    trainable: str | Sequence[str] | None = None,
+    batch_size: int | None = None,
+    output: str | None = None,
+) -> TrainingArtifact:
+    """ONNX inference model (path, bytes, onnx.ModelProto, or a static edgetrain Graph) -> TrainingArtifact.
+    loss: any ILoss; optimizer: any IOptimizer; trainable: None for every parameter, or names / glob patterns;
+    batch_size fixes a symbolic batch dimension; output names the model output the loss reads (default: the
+    first)."""
+    if not isinstance(loss, ILoss):
+        raise UnsupportedError(
+            f"loss must be an ILoss (e.g. et.CrossEntropyLoss()), not {type(loss).__name__}"
+        )
+    if not isinstance(optimizer, IOptimizer):
+        raise UnsupportedError(
+            f"optimizer must be an IOptimizer (e.g. et.SGD(lr=0.01)), not {type(optimizer).__name__}"
+        )
+    source = os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
+    with about(source):  # every fault found on the way names the model file
+        return _convert(model, loss, optimizer, trainable, batch_size, output)
+
+
+def _convert(model, loss, optimizer, trainable, batch_size, output) -> TrainingArtifact:
+    provenance: dict[str, Any] = {}
+    # onnx's shape inference where onnx is installed: large values stay unallocated
+    rule = default_shape_rule()
+    if isinstance(model, Graph):  # an IR graph (numpy only): made static here
+        imported = model
+    else:
+        from edgetrain.onnx_io.reader import from_onnx, load_model
+
+        proto = load_model(model)
+        provenance["source_sha256"] = hashlib.sha256(proto.SerializeToString(deterministic=True)).hexdigest()
+        if isinstance(model, (str, os.PathLike)):
+            provenance["source"] = os.path.basename(os.fspath(model))
+        imported = from_onnx(proto)
+    # Roles are decided on the graph as imported, before anything is folded; folding then never goes through a
+    # parameter (an embedding table gathered at constant positions stays a table that trains).
+    imported, roles, untied = read_roles(imported)
+    chosen = select_trainable(roles, trainable)
+    base = fold_constants(imported, fold_shapes=False, keep=set(roles.parameters) | set(chosen), rule=rule)
+    roles = roles.finalize(base)
+    plan, notes = _rebatch(base, batch_size, rule)
+    notes = untied + notes
+    static_source = base if plan is None else apply_batch_plan(base, plan, batch_size)
+    inference = make_static(static_source, batch_size=batch_size, keep=chosen, rule=rule)
+    inference.verify(static=True)
+    if rule is not None:  # onnx is installed: its schemas say which inputs share a type
+        from edgetrain.onnx_io.shapes import check_types
+
+        check_types(inference)
+    prediction = output or inference.outputs[0]
+    if prediction not in inference.outputs:
+        raise UnsupportedError(
+            f"output '{prediction}' is not an output of the model; its outputs are: "
+            f"{', '.join(inference.outputs)}"
+        )
+    params = [p for p in chosen if p in inference.initializers]
+    unused = [p for p in chosen if p not in params]
+    if unused and trainable is not None:
+        raise UnsupportedError(
+            f"trainable parameter(s) {unused[:5]} do not affect the model's outputs (nothing reads them once the "
+            "graph is made static)"
+        )
+
+    g = inference.copy()
+    g.inputs = list(inference.inputs)
+    b = ShapedBuilder(g, rule=rule)
+    lr = b.fresh("lr")
+    target = b.fresh("target")
+    for name, info in (
+        (target, loss.target_info(g.info(prediction))),
+        (lr, TensorInfo(np.dtype("float32"), ())),
+    ):
+        b.graph.inputs.append(name)
+        b.graph.values[name] = info
+    ctx = TrainingContext(b, lr=lr)
+    loss_value = loss.build(ctx, prediction, target)
+    if ctx.shape(loss_value) != ():
+        raise UnsupportedError(
+            f"the loss must be a scalar; {type(loss).__name__} built a value of shape "
+            f"{list(ctx.shape(loss_value))}"
+        )
+    grads = differentiate(ctx, loss_value, params)
+    unreached = [p for p in params if grads[p] is None]
+    if unreached and trainable is not None:
+        raise UnsupportedError(f"the loss does not depend on trainable parameter(s) {unreached[:5]}")
+    params = [p for p in params if grads[p] is not None]
+    new_values = optimizer.make_multiple(ctx, params, [grads[p] for p in params])
+
+    graph = b.finish()
+    initial = {p: inference.initializers[p] for p in params}
+    for p in params:  # parameters become inputs: the step is a pure function of them
+        del graph.initializers[p]
+    graph.inputs = list(inference.inputs) + [target, lr] + params + list(ctx.state_inputs)
+    initial.update(ctx.state_inputs)
+    updates = dict(zip(params, new_values)) | dict(ctx.state_updates)
+    loss_name = b.fresh("loss")
+    renames = {loss_value: loss_name}
+    for name, value in list(updates.items()):
+        assert value not in renames, f"'{value}' is the next value of two state tensors"
+        updates[name] = renames[value] = b.fresh(name + UPDATED)
+    _rename(graph, renames)
+    graph.outputs = [loss_name] + list(inference.outputs) + list(updates.values())
+    # constant-only pieces the loss or optimizer built, dead branches
+    graph = prune(fold_constants(graph, rule=rule))
+    graph.verify(static=True)
+    fused = _fused_program(graph, optimizer, ctx, params, grads, loss_name, list(inference.outputs))
+    return TrainingArtifact(
+        graph=graph,
+        inference=inference,
+        base=base,
+        parameters=params,
+        state=list(ctx.state_inputs),
+        initial=initial,
+        updates=updates,
+        data_inputs=list(inference.inputs),
+        target=target,
+        lr=lr,
+        loss=loss_name,
+        outputs=list(inference.outputs),
+        loss_config=loss.config(),
+        optimizer_config=optimizer.config(),
+        provenance=provenance,
+        roles=roles,
+        notes=notes,
+        batch_plan=plan,
+        fused=fused,
+    )
+
+
+def _fused_program(
+    graph: Graph, optimizer: IOptimizer, ctx, params, grads, loss: str, outputs
+) -> dict | None:
+    """For an optimizer the runtime runs as a fused kernel over flat buffers (SGD, Adam, AdamW): the step without
+    its update nodes, whose outputs are the loss, the model's outputs and each parameter's gradient; with the
+    gradient names and the role of each state tensor. The step graph itself stays whole (training_onnx, other
+    runtimes); the device runs this and updates every parameter in a few numpy calls."""
+    if not optimizer.fusable():
+        return None
+    gradients = {p: grads[p] for p in params}
+    wanted = list(dict.fromkeys([loss, *outputs, *gradients.values()]))
+    reduced = prune(graph.copy(outputs=wanted))
+    read = {i for n in reduced.nodes for i in n.inputs if i} | set(reduced.outputs)
+    reduced.inputs = [i for i in reduced.inputs if i in read or i in params]
+    reduced.verify(static=True)
+    return {
+        "graph": reduced,
+        "gradients": gradients,
+        "state_roles": {name: list(role) for name, role in ctx.state_roles.items()},
+    }
+
+
+def read_roles(imported: Graph) -> tuple[Graph, Roles, list[str]]:
+    """The graph as imported, with what exporters did to tensors undone (merged tensors of different kinds,
+    batch-fixed recurrent states, parameters folded into constants), and every initializer's role on it; the notes
+    that say what was undone. `convert` and `check` read a model the same way."""
+    imported, untied = untie_merged(imported)
+    imported, states = batch_free_states(imported)
+    roles = find_roles(imported)
+    imported, refolded = refold_copies(imported, roles)
+    if refolded:
+        roles = find_roles(imported)
+    return imported, roles, untied + states + refolded
+
+
+def _rebatch(base: Graph, batch_size: int | None, rule=None) -> tuple[BatchPlan | None, list[str]]:
+    """The batch plan when batch_size asks for another batch than the one the model was exported with, checked
+    sample by sample against the model as exported; and the notes that say what was done."""
+    found = fixed_batch(base)
+    if batch_size is None or found is None or found[1] == batch_size:
+        return None, []
+    names, b0 = found
+    if b0 == 0:
+        raise ShapeError(
+            f"the model's input '{names[0]}' ({base.values[names[0]]}) has a fixed batch of 0: it holds no sample "
+            "to train on; export it with a batch of 1 or more, or with a dynamic batch"
+        )
+    plan = find_batch_plan(base, batch_size, rule=rule)
+    verify_batch_plan(base, apply_batch_plan(base, plan, batch_size), plan, batch_size, rule=rule)
+    shown = ", ".join(f"'{n}' {base.values[n]}" for n in names)
+    notes = [
+        f"re-batched: the model was exported with a fixed batch of {b0} ({shown}); it trains at batch "
+        f"{batch_size}, and its exported ONNX keeps batch {b0}"
+    ]
+    notes += [f"  rewrote {line}" for line in plan.describe(base, batch_size)]
+    notes.append("  checked: the re-batched model gives the exported model's outputs, sample by sample")
+    return plan, notes

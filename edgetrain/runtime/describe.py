@@ -1,0 +1,226 @@
+"""`edgetrain inspect`: an artifact or checkpoint file -> a readable description (numpy only): ops,
+parameters (trainable or frozen), bytes by part, the memory plan against its lower bound, the planned peak of a
+training step, provenance."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+
+def _mb(n: float) -> str:
+    return f"{n / 2**20:8.2f} MiB" if n >= 2**20 else f"{n / 1024:8.1f} KiB"
+
+
+def step_memory(header: dict[str, Any], tensors: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """An artifact's header and tensors -> the bytes a TrainingSession holds while it runs a training step, by part,
+    and their sum, the planned peak. The parts are what the session allocates, decided as the session decides:
+
+    - arena: the step program's memory plan (activations, gradients, temporaries); with the fused optimizer
+      (edgetrain.runtime.fused) the program is the step without its update nodes, planned on its own;
+    - parameters and state: the session's own copies of the trainable parameters and the optimizer state;
+    - constants: the step program's initializers (frozen weights, folded constants), read from the file's map;
+    - optimizer buffers: the fused optimizer updates the parameters and state in place (they are its flat
+      buffers) and holds the gradients, flat, and two chunk-sized scratch buffers per dtype (a step its bound
+      cannot vouch for keeps a copy of the parameters and state for that step only: not planned); without it,
+      the step's new parameters and state are outputs of the program, outside the arena;
+    - outputs: the step's other outputs outside the arena (the loss, the model's outputs).
+
+    Not counted: the interpreter's Python objects, temporaries inside kernels, the caller's batch, and the file's
+    pages the map brings in beyond the constants (the initial values, read once when the session copies them)."""
+    from .fused import CHUNK, fusable
+
+    io = header["io"]
+    zeros = header.get("zeros", {})
+
+    def nbytes(name: str) -> int:
+        if name in tensors:
+            return int(tensors[name].nbytes)
+        dtype, shape = zeros[name]
+        return math.prod(shape) * np.dtype(dtype).itemsize
+
+    params, state = list(io["parameters"]), list(io["state"])
+    dtypes = [tensors[p].dtype for p in params]
+    fused = header.get("fused") if header.get("fused") and fusable(header["optimizer"], dtypes) else None
+    program, plan = (fused["program"], fused["plan"]) if fused else (header["program"], header["plan"])
+    p_bytes = sum(nbytes(p) for p in params)
+    s_bytes = sum(nbytes(s) for s in state)
+    owned = set(params) | set(state)
+    constants = sum(
+        int(tensors[program.get("prefix", "") + n].nbytes) for n in program["initializers"] if n not in owned
+    )
+    bound: set[str] = set()  # outputs written into the session's buffers, not allocated by the step
+    if fused:
+        bound = {fused["gradients"][p] for p in params}
+        # the gradients, and two scratch chunks for each dtype's group
+        sizes: dict[np.dtype, int] = {}
+        for p, dt in zip(params, dtypes):
+            sizes[np.dtype(dt)] = sizes.get(np.dtype(dt), 0) + int(tensors[p].size)
+        buffers = p_bytes + sum(2 * min(n, CHUNK) * dt.itemsize for dt, n in sizes.items())
+    else:
+        buffers = sum(_value_bytes(program, n) for n in io["updates"].values())
+        bound = set(io["updates"].values())
+    outputs = sum(_value_bytes(program, n) for n in dict.fromkeys(program["outputs"]) if n not in bound)
+    parts = {
+        "arena_bytes": int(plan["arena_size"]),
+        "parameters_bytes": p_bytes,
+        "state_bytes": s_bytes,
+        "constants_bytes": constants,
+        "optimizer_buffers_bytes": buffers,
+        "outputs_bytes": outputs,
+    }
+    return {**parts, "peak_bytes": sum(parts.values()), "fused": bool(fused)}
+
+
+def artifact_step_memory(path: str | os.PathLike) -> dict[str, Any]:
+    """step_memory of an artifact file (the benchmark sets it beside the RSS it measures)."""
+    from edgetrain.core.container import read_container
+
+    header, tensors = read_container(path, kind="artifact")
+    return step_memory(header, tensors)
+
+
+def _value_bytes(program: dict[str, Any], name: str) -> int:
+    """Bytes of a value of a stored program; 0 when its shape is not static."""
+    dtype, shape = program["values"].get(name, ("float32", None))
+    if shape is None or not all(isinstance(d, int) for d in shape):
+        return 0
+    return math.prod(shape) * np.dtype(dtype).itemsize
+
+
+def describe(path: str | os.PathLike) -> str:
+    from edgetrain.core.container import read_container
+
+    header, tensors = read_container(path, verify=True)
+    size = os.path.getsize(path)
+    if "program" in header:
+        return _describe_artifact(path, header, tensors, size)
+    return _describe_checkpoint(path, header, tensors, size)
+
+
+def summary(path: str | os.PathLike) -> dict[str, Any]:
+    """An artifact or checkpoint file -> the facts `edgetrain inspect --json` prints (JSON-ready)."""
+    from edgetrain.core.container import read_container
+
+    header, tensors = read_container(path, verify=True)
+    out: dict[str, Any] = {"path": os.fspath(path), "size_bytes": os.path.getsize(path)}
+    if "program" not in header:
+        return {
+            **out,
+            "kind": "checkpoint",
+            "step": header.get("step"),
+            "lr": header.get("lr"),
+            "user_state": header.get("user_state", {}),
+            "tensors": {k: list(v.shape) for k, v in tensors.items()},
+        }
+    io, plan = header["io"], header.get("plan", {})
+    return {
+        **out,
+        "kind": "artifact",
+        "model": header["base"].get("name"),
+        "loss": header["loss"],
+        "optimizer": header["optimizer"],
+        "nodes": len(header["program"]["nodes"]),
+        "parameters": {k: list(tensors[k].shape) for k in io["parameters"]},
+        "plan": {k: plan.get(k) for k in ("arena_size", "lower_bound", "no_plan")},
+        "memory": step_memory(header, tensors),
+        "provenance": header.get("provenance", {}),
+    }
+
+
+def _describe_artifact(path: Any, header: dict, tensors: dict, size: int) -> str:
+    io = header["io"]
+    nodes = header["program"]["nodes"]
+    base_nodes = header["base"]["nodes"]
+    params, state = set(io["parameters"]), set(io["state"])
+    frozen = [
+        k
+        for k, v in tensors.items()
+        if k not in params and k not in state and v.dtype.kind == "f" and v.size > 1
+    ]
+    zeros = header.get("zeros", {})
+    by_part = {
+        "trainable parameters": sum(tensors[k].nbytes for k in params),
+        "optimizer state": sum(tensors[k].nbytes for k in state if k in tensors),
+        "frozen parameters and constants": sum(
+            v.nbytes for k, v in tensors.items() if k not in params | state
+        ),
+    }
+    by_part["header, alignment, checksum"] = size - sum(by_part.values())
+    if zeros:
+        n = sum(int(np.prod(shape)) * np.dtype(dt).itemsize for dt, shape in zeros.values())
+        by_part[f"(+ {len(zeros)} zero state tensors, declared, not stored)"] = n
+    plan = header.get("plan", {})
+    lines = [
+        f"artifact   {path}  ({_mb(size).strip()}, format of edgetrain {header.get('edgetrain_version')})",
+        f"model      {header['base'].get('name', '?')}: inputs {', '.join(io['data_inputs'])}; "
+        f"outputs {', '.join(io['outputs'])}",
+        f"training   loss {header['loss'].get('type')}, optimizer {_config(header['optimizer'])}",
+        f"program    {len(nodes)} nodes (inference graph: {len(base_nodes)})",
+        "",
+    ]
+    ops = Counter(n[0] for n in nodes)
+    lines.append(
+        "ops        " + ", ".join(f"{op} x{c}" for op, c in sorted(ops.items(), key=lambda t: (-t[1], t[0])))
+    )
+    lines += ["", "bytes by part:"] + [f"  {k:34s} {_mb(v)}" for k, v in by_part.items()]
+    if plan:
+        lines += [
+            "",
+            "memory plan (activations, gradients, temporaries; parameters and state not included):",
+            f"  planned arena (peak)               {_mb(plan.get('arena_size', 0))}",
+            f"  lower bound (most bytes live at once) {_mb(plan.get('lower_bound', 0))}",
+            f"  no planning (one buffer per value) {_mb(plan.get('no_plan', 0))}",
+        ]
+    mem = step_memory(header, tensors)
+    which = "fused step program" if mem["fused"] else "step program"
+    update = "gradients, scratch" if mem["fused"] else "new values"
+    rows = [
+        ("arena_bytes", f"arena ({which})"),
+        ("parameters_bytes", "parameters"),
+        ("state_bytes", "optimizer state"),
+        ("constants_bytes", "frozen weights and constants"),
+        ("optimizer_buffers_bytes", f"optimizer buffers ({update})"),
+        ("outputs_bytes", "step outputs (loss, model outputs)"),
+    ]
+    lines += [
+        "",
+        f"planned peak of a training step: {_mb(mem['peak_bytes']).strip()} "
+        f"(= {' + '.join(_mb(mem[k]).strip() for k, _ in rows)})",
+    ] + [f"  {label:52s} {_mb(mem[k])}" for k, label in rows]
+    lines += ["", f"parameters: {len(params)} trainable, {len(frozen)} frozen"]
+    for k in io["parameters"]:
+        lines.append(f"  trainable {k:40s} {str(list(tensors[k].shape)):18s} {_mb(tensors[k].nbytes)}")
+    for k in frozen[:40]:
+        lines.append(f"  frozen    {k:40s} {str(list(tensors[k].shape)):18s} {_mb(tensors[k].nbytes)}")
+    if len(frozen) > 40:
+        lines.append(f"  ... and {len(frozen) - 40} more frozen")
+    prov = header.get("provenance", {})
+    if prov:
+        lines += ["", "provenance: " + ", ".join(f"{k} {v}" for k, v in sorted(prov.items()))]
+    return "\n".join(lines)
+
+
+def _describe_checkpoint(path: Any, header: dict, tensors: dict, size: int) -> str:
+    lines = [
+        f"checkpoint {path}  ({_mb(size).strip()})",
+        f"model      {header.get('artifact', '?')} (program {str(header.get('program_id', '?'))[:16]})",
+        f"step       {header.get('step')}   lr {header.get('lr')}",
+        f"user state {header.get('user_state', {})}",
+        "",
+        f"tensors: {len(tensors)}",
+    ]
+    for k, v in tensors.items():
+        lines.append(f"  {k:48s} {str(list(v.shape)):18s} {_mb(v.nbytes)}")
+    return "\n".join(lines)
+
+
+def _config(cfg: dict) -> str:
+    kind = cfg.get("type", "?")
+    rest = ", ".join(f"{k}={v}" for k, v in cfg.items() if k != "type" and v not in (None, 0.0, False))
+    return f"{kind}({rest})"
