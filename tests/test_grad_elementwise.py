@@ -96,6 +96,8 @@ ACTIVATIONS = [
     ("LeakyRelu", {"alpha": -1.5}, dict(away=(0,))),
     ("ThresholdedRelu", {}, dict(away=(1,), lo=-1, hi=3)),
     ("ThresholdedRelu", {"alpha": -0.5}, dict(away=(-0.5,))),
+    ("Shrink", {}, dict(away=(-0.5, 0.5), lo=-2, hi=2)),
+    ("Shrink", {"bias": 0.3, "lambd": 1.2}, dict(away=(-1.2, 1.2), lo=-3, hi=3)),
     ("Elu", {}, dict(away=(0,))),
     ("Elu", {"alpha": 0.4}, dict(away=(0,))),
     ("Selu", {}, dict(away=(0,))),

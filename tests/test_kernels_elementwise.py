@@ -38,13 +38,16 @@ def _math_gelu(x, approximate="none"):
 
 
 # float64 references from the spec's formula and Python's math, where onnxruntime's float64 kernel is missing
-# (Erf, Softsign, Mean) or only float32-accurate (Gelu tanh: 3e-7 off the formula), and onnx's
-# ReferenceEvaluator computes in float32 (Erf, Gelu) or fails (Softsign, Mean with broadcasting).
+# (Erf, Softsign, Mean) or only float32-accurate (Gelu tanh: 3e-7 off the formula; Shrink computes in float32),
+# and onnx's ReferenceEvaluator computes in float32 (Erf, Gelu) or fails (Softsign, Mean with broadcasting).
 MATH_F64 = {
     "Erf": lambda x, **_: np.vectorize(math.erf, otypes=[F64])(x),
     "Gelu": lambda x, approximate="none": np.vectorize(_math_gelu, otypes=[F64])(x, approximate),
     "Softsign": lambda x, **_: x / (1 + np.abs(x)),
     "Mean": lambda *xs, **_: sum(xs) / len(xs),
+    "Shrink": lambda x, bias=0.0, lambd=0.5: np.where(
+        x < -F64(F32(lambd)), x + F64(F32(bias)), np.where(x > F64(F32(lambd)), x - F64(F32(bias)), 0.0)
+    ),
 }
 
 
@@ -345,6 +348,8 @@ ACTIVATIONS = [  # (op, attrs, input range)
     ("ThresholdedRelu", {}, 5),
     ("ThresholdedRelu", {"alpha": 0.5}, 5),
     ("ThresholdedRelu", {"alpha": -1.0}, 5),
+    ("Shrink", {}, 2),
+    ("Shrink", {"bias": 0.5, "lambd": 1.5}, 5),
     ("Gelu", {}, 6),
     ("Gelu", {"approximate": "none"}, 12),
     ("Gelu", {"approximate": "tanh"}, 12),
@@ -753,6 +758,7 @@ OPS = [
     "Softsign",
     "Gelu",
     "ThresholdedRelu",
+    "Shrink",
     "Mish",
     "Clip",
     "Equal",

@@ -65,6 +65,10 @@ def median_ms(fns, repeat: int) -> list[float]:
     return [1000 * float(np.median(ts)) for ts in times]
 
 
+P2 = {"pads": [2, 2, 2, 2]}  # LeNet's first convolution
+MP = {"kernel_shape": [2, 2], "strides": [2, 2]}  # its pooling
+
+
 def cases(rng):
     """(name, fn(nn, nn_grad) -> call) pairs."""
     f32 = np.float32
@@ -78,19 +82,18 @@ def cases(rng):
         x1, w1, b1 = r(n, 1, 28, 28), r(6, 1, 5, 5), r(6)
         x2, w2, b2 = r(n, 6, 14, 14), r(16, 6, 5, 5), r(16)
         dy1, dy2 = r(n, 6, 28, 28), r(n, 16, 10, 10)
-        p2 = {"pads": [2, 2, 2, 2]}
-        mp = {"kernel_shape": [2, 2], "strides": [2, 2]}
         y1 = np.empty((n, 6, 28, 28), f32)
         y2 = np.empty((n, 16, 10, 10), f32)
         pm1, pm2 = r(n, 6, 28, 28), r(n, 16, 10, 10)
         q1, q2 = np.empty((n, 6, 14, 14), f32), np.empty((n, 16, 5, 5), f32)
+        dq1, dq2 = r(n, 6, 14, 14), r(n, 16, 5, 5)
         out += [
-            (f"lenet{n} Conv1", lambda a, g, x=x1, w=w1, b=b1, y=y1: lambda: a.conv(x, w, b, **p2, out=y)),
+            (f"lenet{n} Conv1", lambda a, g, x=x1, w=w1, b=b1, y=y1: lambda: a.conv(x, w, b, **P2, out=y)),
             (f"lenet{n} Conv2", lambda a, g, x=x2, w=w2, b=b2, y=y2: lambda: a.conv(x, w, b, out=y)),
             (
                 f"lenet{n} ConvGradWeight1",
                 lambda a, g, x=x1, dy=dy1: (
-                    lambda: g.conv_grad_weight(dy, x, kernel_shape=[5, 5], noutputs=2, **p2)
+                    lambda: g.conv_grad_weight(dy, x, kernel_shape=[5, 5], noutputs=2, **P2)
                 ),
             ),
             (
@@ -101,19 +104,19 @@ def cases(rng):
                 f"lenet{n} ConvGradInput2",
                 lambda a, g, w=w2, dy=dy2: lambda: g.conv_grad_input(dy, w, output_shape=[14, 14]),
             ),
-            (f"lenet{n} MaxPool1", lambda a, g, x=pm1, y=q1: lambda: a.max_pool(x, **mp, out=y)),
-            (f"lenet{n} MaxPool2", lambda a, g, x=pm2, y=q2: lambda: a.max_pool(x, **mp, out=y)),
+            (f"lenet{n} MaxPool1", lambda a, g, x=pm1, y=q1: lambda: a.max_pool(x, **MP, out=y)),
+            (f"lenet{n} MaxPool2", lambda a, g, x=pm2, y=q2: lambda: a.max_pool(x, **MP, out=y)),
             (
                 f"lenet{n} MaxPoolGrad1",
-                lambda a, g, x=pm1, dy=r(n, 6, 14, 14): (
-                    lambda y=a.max_pool(x, **mp): lambda: g.max_pool_grad(dy, x, y, **mp)
-                )(),
+                lambda a, g, x=pm1, dy=dq1: (lambda y: lambda: g.max_pool_grad(dy, x, y, **MP))(
+                    a.max_pool(x, **MP)
+                ),
             ),
             (
                 f"lenet{n} MaxPoolGrad2",
-                lambda a, g, x=pm2, dy=r(n, 16, 5, 5): (
-                    lambda y=a.max_pool(x, **mp): lambda: g.max_pool_grad(dy, x, y, **mp)
-                )(),
+                lambda a, g, x=pm2, dy=dq2: (lambda y: lambda: g.max_pool_grad(dy, x, y, **MP))(
+                    a.max_pool(x, **MP)
+                ),
             ),
         ]
     # MobileNetV2-like depthwise 3x3 layers: (batch, channels, size, stride, multiplier)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sets up and runs the whole test suite on a fresh machine (the README's test command; CI calls it).
+# Sets up, checks and runs the whole test suite on a fresh machine (the README's test command; CI calls it).
 #   .venv        edgetrain[dev]: numpy 2.x, onnx, onnxruntime, pytest
 #   .venv-np124  numpy 1.24 (Debian 12's) and nothing else: the device side must run there too
 # Extra arguments go to pytest, e.g. `bash tools/test.sh -k conv -x`.
@@ -29,4 +29,10 @@ if [ -x .venv-np124/bin/python ] || "$PY" -m venv .venv-np124; then
   .venv-np124/bin/python -m pip install -q "numpy==1.24.4" && .venv-np124/bin/python -m pip install -q --no-deps -e . \
     && export EDGETRAIN_NUMPY124_PYTHON="$PWD/.venv-np124/bin/python"
 fi
+# The static checks: lint and format (ruff), and the import contracts of pyproject.toml (import-linter: the layers,
+# the device side without onnx, loaders without the rest of edgetrain). A second or two; tests/test_layers.py also
+# proves the contracts break when an import crosses a layer.
+.venv/bin/ruff check --quiet .
+.venv/bin/ruff format --check --quiet .
+.venv/bin/lint-imports --no-cache >/dev/null || .venv/bin/lint-imports --no-cache
 exec .venv/bin/python -m pytest "$@"

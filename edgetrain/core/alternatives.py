@@ -116,7 +116,7 @@ ONNX_OPS_WITHOUT_KERNEL = frozenset(
     Det DynamicQuantizeLinear GridSample HammingWindow HannWindow ImageDecoder LinearAttention MatMulInteger
     MaxRoiPool MaxUnpool MelWeightMatrix Multinomial NonMaxSuppression Optional OptionalGetElement
     OptionalHasElement QLinearConv QLinearMatMul QuantizeLinear RandomNormal RandomNormalLike RandomUniform
-    RandomUniformLike RegexFullMatch RoiAlign STFT Shrink Sinh StringConcat StringNormalizer StringSplit
+    RandomUniformLike RegexFullMatch RoiAlign STFT Sinh StringConcat StringNormalizer StringSplit
     TensorScatter TfIdfVectorizer Unique""".lower().split()
 )
 

@@ -1,13 +1,17 @@
-"""The interpreter (numpy only): a Graph compiled once into a list of steps, then run over feeds.
+"""The interpreter (numpy only): a Graph compiled once into one straight-line Python function, then run over feeds.
 
 Compiling resolves each node's kernel, checks its attributes against the kernel's signature, numbers the values
-into slots, and computes when each value dies, so that the loop in `run` is a few lines: fetch inputs by slot,
-call the kernel, store outputs, drop dead values. Under a memory plan (edgetrain.core.plan), compiling also gives
-each planned value its view of one arena, so that the loop allocates nothing but the graph's outputs.
+into slots, computes when each value dies, and writes the steps out as code: call the kernel with its attributes
+bound, put the result into its planned buffer, drop dead values. That function is the only executor; when a
+kernel fails, the traceback's line says which node, and the error names it with the shapes of its inputs. Under a
+memory plan (edgetrain.core.plan), compiling also gives each planned value its view of one arena, so that a run
+allocates nothing but the graph's outputs.
 """
 
 from __future__ import annotations
 
+import bisect
+import functools
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -15,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from .alternatives import no_kernel_message
 from .errors import EdgeTrainError, ExecutionError, FeedError, LimitError, UnsupportedError
 from .ir import Graph, Node, TensorInfo
 from .kernels import KERNELS
@@ -44,8 +49,6 @@ def compile_step(node: Node) -> tuple[Callable[..., Any], dict[str, Any]]:
     if kern is not None and kern.domain != domain:
         kern = None
     if kern is None:
-        from .alternatives import no_kernel_message
-
         raise UnsupportedError(no_kernel_message(node.label, node.op_type, domain, supported_ops()))
     unknown = sorted(set(node.attrs) - set(kern.attrs))
     if unknown:
@@ -139,7 +142,8 @@ class Interpreter:
         self.steps = steps
         self._consts = [(self.slot[k], v) for k, v in graph.initializers.items()]
         self._in_slots = [(name, self.slot[name]) for name in graph.inputs]
-        self._compiled = _compile(steps, self.n_slots + 1)
+        self._compiled = _compile(steps)
+        self._kept: _Program | None = None  # compiled without dropping values, for run(record=)
 
     def _arena_views(self, plan: MemoryPlan) -> dict[str, np.ndarray]:
         """One aligned byte arena, and a view into it for every planned value. The plan is checked first
@@ -182,52 +186,34 @@ class Interpreter:
             env[s] = v
         for name, s in self._in_slots:
             env[s] = feeds[name]
-        if record is None:  # the straight-line code; on a failure, the loop below says where, with the shapes
-            try:
-                self._compiled(env)
-                wanted = self.graph.outputs if outputs is None else outputs
-                return [self._detached(env[self.slot[name]]) for name in wanted]
-            except Exception:
-                pass
-            env = [None] * (self.n_slots + 1)
-            for s, v in self._consts:
-                env[s] = v
-            for name, s in self._in_slots:
-                env[s] = feeds[name]
-        for st in self.steps:
-            args = [env[s] for s in st.ins]
-            try:
-                res = st.fn(*args, **st.kwargs)
-                if len(st.outs) == 1:
-                    d = st.dests[0]
-                    if d is not None and res is not d:  # a kernel without out=: into the planned buffer
-                        np.copyto(d, res)
-                        res = d
-                    env[st.outs[0]] = res
-                else:
-                    if not isinstance(res, tuple):
-                        res = (res,)
-                    for s, d, r in zip(st.outs, st.dests, res):
-                        if d is not None and r is not d:
-                            np.copyto(d, r)
-                            r = d
-                        if s >= 0:
-                            env[s] = r
-            except EdgeTrainError as e:
-                raise type(e)(f"{st.node.label}: {e}") from e
-            except Exception as e:  # a kernel failure on inputs it cannot handle: say where, with the shapes
-                shapes = ", ".join("None" if a is None else f"{a.dtype}{list(a.shape)}" for a in args)
-                raise ExecutionError(
-                    f"{st.node.label} failed on inputs ({shapes}): {type(e).__name__}: {e}"
-                ) from e
-            if record is not None:
+        program = self._compiled if record is None else self._keeping()
+        try:
+            program.run(env)
+        except Exception as e:  # a kernel failed: say which node, with the shapes of its inputs
+            raise self._failure(program, e, env) from e
+        if record is not None:
+            for st in self.steps:
                 for o, s in zip(st.node.outputs, st.outs):
                     if s >= 0 and env[s] is not None:
                         record[o] = TensorInfo(env[s].dtype, tuple(int(d) for d in env[s].shape))
-            for s in st.free:
-                env[s] = None
         wanted = self.graph.outputs if outputs is None else outputs
         return [self._detached(env[self.slot[name]]) for name in wanted]
+
+    def _keeping(self) -> _Program:
+        """The step compiled without dropping dead values, for record= (made on first use)."""
+        if self._kept is None:
+            self._kept = _compile(self.steps, free=False)
+        return self._kept
+
+    def _failure(self, program: _Program, e: Exception, env: list[Any]) -> Exception:
+        """The error to raise for an exception out of the compiled step: the node it came from is the one whose
+        lines the traceback ends in; its inputs are still in env (a step drops its dead inputs after its call)."""
+        st = self.steps[program.step_of(e)]
+        if isinstance(e, EdgeTrainError):
+            return type(e)(f"{st.node.label}: {e}")
+        args = [env[s] for s in st.ins]
+        shapes = ", ".join("None" if a is None else f"{a.dtype}{list(a.shape)}" for a in args)
+        return ExecutionError(f"{st.node.label} failed on inputs ({shapes}): {type(e).__name__}: {e}")
 
     def _detached(self, r: np.ndarray) -> np.ndarray:
         """A result that is (a view of) a reused buffer, the arena or a constant (a Reshape of a Conv output,
@@ -235,47 +221,62 @@ class Interpreter:
         return r.copy() if id(_root(r)) in self._protected else r
 
 
-def _compile(steps: Sequence[Step], n_env: int) -> Callable[[list[Any]], None]:
+@dataclass(frozen=True)
+class _Program:
+    """The steps as one straight-line Python function over the env list, and the first line of each step in it."""
+
+    run: Callable[[list[Any]], None]
+    starts: tuple[int, ...]
+
+    def step_of(self, e: BaseException) -> int:
+        """The step whose lines an exception raised in run() came from."""
+        line = 0
+        tb = e.__traceback__
+        while tb is not None:
+            if tb.tb_frame.f_code.co_filename == _FILENAME:
+                line = tb.tb_lineno
+            tb = tb.tb_next
+        return max(0, bisect.bisect_right(self.starts, line) - 1)
+
+
+_FILENAME = "<edgetrain step>"
+
+
+def _compile(steps: Sequence[Step], *, free: bool = True) -> _Program:
     """The steps as one straight-line Python function over the env list: each kernel called with its attributes
     bound (functools.partial), its result put into its planned buffer when the kernel did not write there, dead
-    values dropped; no loop, no per-step dispatch. A failure falls back to the loop, which says where."""
-    import functools
-
+    values dropped (unless free=False); no loop, no per-step dispatch."""
     names: dict[str, Any] = {"np_copyto": np.copyto}
     lines = ["def run(e):"]
+    starts = []
     for k, st in enumerate(steps):
+        starts.append(len(lines) + 1)  # line numbers count from 1
         f = f"f{k}"
         names[f] = functools.partial(st.fn, **st.kwargs) if st.kwargs else st.fn
         args = ", ".join(f"e[{s}]" for s in st.ins)
+        lines.append(f"    r = {f}({args})")
         if len(st.outs) == 1:
-            lines.append(f"    r = {f}({args})")
             d = st.dests[0]
             if d is not None:
                 names[f"d{k}"] = d
-                lines.append(f"    if r is not d{k}:")
-                lines.append(f"        np_copyto(d{k}, r)")
-                lines.append(f"        r = d{k}")
+                lines += [f"    if r is not d{k}:", f"        np_copyto(d{k}, r)", f"        r = d{k}"]
             lines.append(f"    e[{st.outs[0]}] = r")
         else:
-            lines.append(f"    r = {f}({args})")
             lines.append("    r = r if isinstance(r, tuple) else (r,)")
             for j, (s, d) in enumerate(zip(st.outs, st.dests)):
+                val = f"r[{j}]"
                 if d is not None:
                     names[f"d{k}_{j}"] = d
-                    lines.append(f"    if r[{j}] is not d{k}_{j}:")
-                    lines.append(f"        np_copyto(d{k}_{j}, r[{j}])")
+                    lines += [f"    if r[{j}] is not d{k}_{j}:", f"        np_copyto(d{k}_{j}, r[{j}])"]
                     val = f"d{k}_{j}"
-                else:
-                    val = f"r[{j}]"
                 if s >= 0:
                     lines.append(f"    e[{s}] = {val}")
-        for s in st.free:
-            lines.append(f"    e[{s}] = None")
+        if free:
+            lines += [f"    e[{s}] = None" for s in st.free]
     if not steps:
         lines.append("    pass")
-    code = compile("\n".join(lines), "<edgetrain step>", "exec")
-    exec(code, names)
-    return names["run"]
+    exec(compile("\n".join(lines), _FILENAME, "exec"), names)
+    return _Program(names["run"], tuple(starts))
 
 
 def _root(a: np.ndarray) -> np.ndarray:

@@ -210,8 +210,8 @@ _TABLE: list[OpRecord] = [
     # ---- elementwise: rows stay apart when every operand is a row, or a constant without a batch axis
     *_all(
         "Abs Add Ceil Celu CastLike Cos Div Elu Erf Exp Floor Gelu HardSigmoid HardSwish LeakyRelu Log Max Mean "
-        "Min Mish Mul Neg Pow Reciprocal Relu Round Selu Sigmoid Sign Sin Softplus Softsign Sqrt Sub Sum Tan Tanh "
-        "ThresholdedRelu Where",
+        "Min Mish Mul Neg Pow Reciprocal Relu Round Selu Shrink Sigmoid Sign Sin Softplus Softsign Sqrt Sub Sum "
+        "Tan Tanh ThresholdedRelu Where",
         rows=rows.elementwise,
     ),
     *_all(

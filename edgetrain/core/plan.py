@@ -206,6 +206,23 @@ def check_plan(
     in place: an output at the very offset and size of an input that dies at its node, of the same dtype, when
     the kernel may write over that input (Kernel.inplace) and reads it there only in its own layout."""
     limit = MAX_ARENA_BYTES if max_arena_bytes is None else max_arena_bytes
+    _check_arena(plan, limit, where, error, limit_error)
+    if plan.order_digest and plan.order_digest != schedule_digest(graph):
+        raise error(f"{where} was made for another node order than its program's")
+    try:
+        f = PlanFacts(graph)
+    except Exception as e:  # a kernel's view condition that cannot read a node's attributes
+        raise error(f"{where}: its program cannot be planned ({type(e).__name__}: {e})") from None
+    size = _placed(graph, plan, f, where, error)
+    need = sum(-(-b // plan.alignment) * plan.alignment for b in size.values())
+    if plan.arena_size > need:
+        raise error(
+            f"{where} declares an arena of {plan.arena_size} bytes, more than all its values need ({need})"
+        )
+    _check_lifetimes(graph, plan, f, size, where, error)
+
+
+def _check_arena(plan: MemoryPlan, limit: int, where: str, error, limit_error) -> None:
     align, arena = plan.alignment, plan.arena_size
     if type(align) is not int or not 1 <= align <= MAX_ALIGNMENT or align & (align - 1):
         raise error(f"{where}: its alignment {align!r} is not a power of two from 1 to {MAX_ALIGNMENT}")
@@ -218,12 +235,12 @@ def check_plan(
             limit=limit,
             needed=arena,
         )
-    if plan.order_digest and plan.order_digest != schedule_digest(graph):
-        raise error(f"{where} was made for another node order than its program's")
-    try:
-        f = PlanFacts(graph)
-    except Exception as e:  # a kernel's view condition that cannot read a node's attributes
-        raise error(f"{where}: its program cannot be planned ({type(e).__name__}: {e})") from None
+
+
+def _placed(graph: Graph, plan: MemoryPlan, f: PlanFacts, where: str, error) -> dict[str, int]:
+    """The bytes of every value the plan places, each a value a node computes into the arena, at an aligned
+    offset with all its bytes inside the arena."""
+    align, arena = plan.alignment, plan.arena_size
     size: dict[str, int] = {}
     for name, off in plan.offsets.items():
         quoted = repr(name)[:80]
@@ -242,9 +259,14 @@ def check_plan(
                 f"{where} places {quoted} ({size[name]} bytes) at {off!r}: not an aligned offset >= 0 with all "
                 f"its bytes inside the {arena}-byte arena"
             )
-    need = sum(-(-b // align) * align for b in size.values())
-    if arena > need:
-        raise error(f"{where} declares an arena of {arena} bytes, more than all its values need ({need})")
+    return size
+
+
+def _check_lifetimes(
+    graph: Graph, plan: MemoryPlan, f: PlanFacts, size: dict[str, int], where: str, error
+) -> None:
+    """No two values live at once share a byte, but for the planner's in place (see check_plan): a sweep over the
+    nodes, keeping the byte ranges of the values live, sorted."""
     n = len(graph.nodes)
     start = {v: f.producer[v] for v in size}
     end = {v: n if v in f.pinned else max(f.readers[v], default=start[v]) for v in size}

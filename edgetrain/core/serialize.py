@@ -29,7 +29,9 @@ import numpy as np
 
 from .container import DTYPES, MAX_DIMS, declared_nbytes, short
 from .errors import ArtifactError, ArtifactLimitError, UnsupportedError
+from .interpreter import compile_step
 from .ir import Graph, Node, TensorInfo
+from .kernels import KERNELS
 
 _KEYS = ("name", "opset", "opsets", "inputs", "outputs", "prefix", "initializers", "values", "nodes")
 
@@ -226,8 +228,6 @@ def check_graph(graph: Graph, where: str, *, max_value_bytes: int | None = None)
     has (in its domain), with attributes its kernel takes and a count of inputs it accepts; every static value
     declares at most max_value_bytes (ArtifactLimitError past it). ArtifactError naming `where` and the first
     fault (node index, name and op, field)."""
-    from .interpreter import compile_step
-    from .kernels import KERNELS
 
     defined: set[str] = set(graph.initializers)
     for name in graph.inputs:

@@ -1,10 +1,11 @@
-"""The trainability report (`edgetrain check`): ONNX model -> which ops have gradient rules, which parameters
-would train, and whether a training step can be derived, with the reason when it cannot; and the list of the ops
-edgetrain supports (`edgetrain check --ops`)."""
+"""The trainability report (`edgetrain check`, needs onnx): ONNX model -> which ops have gradient rules, which
+parameters would train, and whether a training step can be derived, with the reason when it cannot; and the list of
+the ops edgetrain supports (`edgetrain check --ops`)."""
 
 from __future__ import annotations
 
 import os
+import textwrap
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,6 +13,16 @@ from typing import Any
 import numpy as np
 
 from edgetrain.core.errors import EdgeTrainError
+from edgetrain.core.ir import Graph, about
+from edgetrain.core.kernels import KERNELS
+from edgetrain.graph.passes import fold_constants, make_static
+from edgetrain.onnx_io.reader import from_onnx, load_model, source_of
+from edgetrain.onnx_io.shapes import check_types, node_shapes
+
+from .autodiff import GradContext, ShapedBuilder, differentiate
+from .autodiff.registry import RULES
+from .params import FIXED, Roles
+from .pipeline import read_roles
 
 
 @dataclass
@@ -120,13 +131,6 @@ _OP_GROUPS = {
 def ops_text(width: int = 100) -> str:
     """`edgetrain check --ops`: the standard ONNX ops edgetrain runs, grouped and wrapped; the ops without a
     gradient rule are in [brackets]."""
-    import textwrap
-
-    from edgetrain.core.kernels import KERNELS
-
-    from .autodiff import rules  # noqa: F401  (registers the rule table)
-    from .autodiff.registry import RULES
-
     groups: dict[str, list[str]] = {title: [] for title in _OP_GROUPS.values()}
     for op, k in sorted(KERNELS.items()):
         if not k.domain:
@@ -153,34 +157,44 @@ def ops_text(width: int = 100) -> str:
 def check(model: Any, *, batch_size: int | None = 1) -> CheckReport:
     """Builds the report; never raises for a model that imports (a failure to derive is in the report). A model
     that does not import is an EdgeTrainError naming the file and the fault."""
-    from edgetrain.core.ir import about
-    from edgetrain.onnx_io.reader import source_of
-
     with about(source_of(model)):
         return _check(model, batch_size)
 
 
 def _check(model: Any, batch_size: int | None) -> CheckReport:
-    from edgetrain.graph.passes import fold_constants, make_static
-    from edgetrain.onnx_io.reader import from_onnx, load_model
-    from edgetrain.onnx_io.shapes import check_types, node_shapes
-
-    from .autodiff import rules  # noqa: F401  (registers the rule table)
-    from .autodiff.context import GradContext, ShapedBuilder
-    from .autodiff.driver import differentiate
-    from .autodiff.registry import RULES
-    from .params import FIXED
-    from .pipeline import read_roles
-
     proto = load_model(model)
     imported, roles, untied = read_roles(from_onnx(proto))
-    params = roles.parameters
-    base = fold_constants(imported, fold_shapes=False, keep=params, rule=node_shapes)
+    base = fold_constants(imported, fold_shapes=False, keep=roles.parameters, rule=node_shapes)
     roles = roles.finalize(base)
-    params = roles.parameters
-    graph = make_static(base, batch_size=batch_size, keep=params, rule=node_shapes)
+    graph = make_static(base, batch_size=batch_size, keep=roles.parameters, rule=node_shapes)
     check_types(graph)
-    params = [p for p in params if p in graph.initializers]
+    params = [p for p in roles.parameters if p in graph.initializers]
+    infos = _parameters(roles)
+    report = CheckReport(
+        model=str(model) if isinstance(model, (str, os.PathLike)) else (proto.graph.name or "model"),
+        opset=graph.opset,
+        inputs=[(n, str(graph.values[n])) for n in graph.inputs],
+        outputs=[(n, str(graph.values[n])) for n in graph.outputs],
+        ops=_coverage(graph, params),
+        parameters=infos,
+        derivable=False,
+    )
+    report.notes.extend(untied)
+    tied = [p for p in infos if p.trainable and p.aliases]
+    if tied:
+        report.notes.append(
+            f"{len(tied)} parameter(s) are each read under several names (e.g. '{tied[0].name}' also as "
+            f"'{tied[0].aliases[0]}'): the exporter merged initializers whose values were identical (freshly "
+            "initialized weights often are), so each trains as one tensor; export a model whose weights differ "
+            "to train them apart"
+        )
+    _derive(report, graph, params, batch_size)
+    return report
+
+
+def _coverage(graph: Graph, params: list[str]) -> list[OpCoverage]:
+    """Each op of the graph: its nodes, whether it has a gradient rule, how many of its nodes lie between a
+    parameter and the output (through float values)."""
     active = set(params)
     on_path: Counter = Counter()
     for n in graph.nodes:
@@ -188,8 +202,12 @@ def _check(model: Any, batch_size: int | None) -> CheckReport:
             on_path[n.op_type] += 1
             active.update(o for o in n.outputs if o and np.dtype(graph.values[o].dtype).kind == "f")
     counts = Counter(n.op_type for n in graph.nodes)
-    ops = [OpCoverage(op, c, op in RULES, on_path[op]) for op, c in sorted(counts.items())]
-    infos = [
+    return [OpCoverage(op, c, op in RULES, on_path[op]) for op, c in sorted(counts.items())]
+
+
+def _parameters(roles: Roles) -> list[ParameterInfo]:
+    """Every float tensor with its role, and every tensor that could train (named in --trainable)."""
+    return [
         ParameterInfo(
             r.name,
             r.shape or (),
@@ -204,30 +222,17 @@ def _check(model: Any, batch_size: int | None) -> CheckReport:
         for r in roles.entries.values()
         if r.kind != FIXED or r.dtype.startswith("float")
     ]
-    report = CheckReport(
-        model=str(model) if isinstance(model, (str, os.PathLike)) else (proto.graph.name or "model"),
-        opset=graph.opset,
-        inputs=[(n, str(graph.values[n])) for n in graph.inputs],
-        outputs=[(n, str(graph.values[n])) for n in graph.outputs],
-        ops=ops,
-        parameters=infos,
-        derivable=False,
-    )
-    report.notes.extend(untied)
-    tied = [p for p in infos if p.trainable and p.aliases]
-    if tied:
-        report.notes.append(
-            f"{len(tied)} parameter(s) are each read under several names (e.g. '{tied[0].name}' also as "
-            f"'{tied[0].aliases[0]}'): the exporter merged initializers whose values were identical (freshly "
-            "initialized weights often are), so each trains as one tensor; export a model whose weights differ "
-            "to train them apart"
-        )
+
+
+def _derive(report: CheckReport, graph: Graph, params: list[str], batch_size: int | None) -> None:
+    """Tries to differentiate a scalar of the first output with respect to the parameters; says in the report
+    whether it could, and why not."""
     if not params:
         report.problem = (
             "no initializer is in a parameter role (weights, biases, scales, embedding tables); "
             "name constants to train with --trainable"
         )
-        return report
+        return
     b = ShapedBuilder(graph, rule=node_shapes)
     ctx = GradContext(b)
     out = graph.outputs[0]
@@ -235,14 +240,14 @@ def _check(model: Any, batch_size: int | None) -> CheckReport:
         report.problem = (
             f"the first output '{out}' is {graph.values[out]}, not a float tensor: nothing to train on"
         )
-        return report
+        return
     loss = ctx.op("ReduceMean", out, keepdims=0)
     n_before = len(b.graph.nodes)
     try:
         grads = differentiate(ctx, loss, params)
     except EdgeTrainError as e:
         report.problem = str(e)
-        return report
+        return
     report.derivable = True
     report.backward_nodes = len(b.graph.nodes) - n_before
     unreached = [p for p, g in grads.items() if g is None]
@@ -253,4 +258,3 @@ def _check(model: Any, batch_size: int | None) -> CheckReport:
         )
     if batch_size is not None:
         report.notes.append(f"shapes checked at batch size {batch_size}")
-    return report

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -73,34 +74,86 @@ def convert(
 
 
 def _convert(model, loss, optimizer, trainable, batch_size, output) -> TrainingArtifact:
-    provenance: dict[str, Any] = {}
-    # onnx's shape inference where onnx is installed: large values stay unallocated
-    rule = default_shape_rule()
-    if isinstance(model, Graph):  # an IR graph (numpy only): made static here
-        imported = model
-    else:
-        from edgetrain.onnx_io.reader import from_onnx, load_model
+    """The stages: import -> parameter roles -> static shapes (re-batched) -> loss -> autodiff -> optimizer -> the
+    step as a pure function -> the fused step. The memory plan and the file come with TrainingArtifact.save."""
+    rule = (
+        default_shape_rule()
+    )  # onnx's shape inference where onnx is installed: large values stay unallocated
+    imported, provenance = _import(model)
+    m = _static_model(imported, trainable, batch_size, rule)
+    prediction, params = _trainable(m.inference, m.chosen, trainable, output)
+    ext = _extend(m.inference, prediction, params, trainable, loss, optimizer, rule)
+    graph, initial, updates = _pure_step(m.inference, ext, rule)
+    outputs = list(m.inference.outputs)
+    fused = _fused_program(graph, optimizer, ext.ctx, ext.params, ext.grads, graph.outputs[0], outputs)
+    return TrainingArtifact(
+        graph=graph,
+        inference=m.inference,
+        base=m.base,
+        parameters=ext.params,
+        state=list(ext.ctx.state_inputs),
+        initial=initial,
+        updates=updates,
+        data_inputs=list(m.inference.inputs),
+        target=ext.target,
+        lr=ext.lr,
+        loss=graph.outputs[0],
+        outputs=outputs,
+        loss_config=loss.config(),
+        optimizer_config=optimizer.config(),
+        provenance=provenance,
+        roles=m.roles,
+        notes=m.notes,
+        batch_plan=m.batch_plan,
+        fused=fused,
+    )
 
-        proto = load_model(model)
-        provenance["source_sha256"] = hashlib.sha256(proto.SerializeToString(deterministic=True)).hexdigest()
-        if isinstance(model, (str, os.PathLike)):
-            provenance["source"] = os.path.basename(os.fspath(model))
-        imported = from_onnx(proto)
-    # Roles are decided on the graph as imported, before anything is folded; folding then never goes through a
-    # parameter (an embedding table gathered at constant positions stays a table that trains).
+
+def _import(model: Any) -> tuple[Graph, dict[str, Any]]:
+    """The model as an IR graph, and its provenance (the ONNX model's digest and file name)."""
+    if isinstance(model, Graph):  # an IR graph (numpy only): made static later
+        return model, {}
+    from edgetrain.onnx_io.reader import from_onnx, load_model  # needs onnx: only for an ONNX model
+
+    proto = load_model(model)
+    provenance = {"source_sha256": hashlib.sha256(proto.SerializeToString(deterministic=True)).hexdigest()}
+    if isinstance(model, (str, os.PathLike)):
+        provenance["source"] = os.path.basename(os.fspath(model))
+    return from_onnx(proto), provenance
+
+
+@dataclass
+class _StaticModel:
+    inference: Graph  # static (at the training batch), folded, parameters still initializers
+    base: Graph  # folded, symbolic batch kept: for run() and export
+    roles: Roles
+    chosen: list[str]  # the parameters asked to train
+    batch_plan: BatchPlan | None
+    notes: list[str]
+
+
+def _static_model(imported: Graph, trainable, batch_size: int | None, rule) -> _StaticModel:
+    """Roles decided on the graph as imported, before anything is folded (folding then never goes through a
+    parameter: an embedding table gathered at constant positions stays a table that trains); the base graph;
+    the inference graph made static at the training batch (a fixed-batch export re-batched, and checked)."""
     imported, roles, untied = read_roles(imported)
     chosen = select_trainable(roles, trainable)
     base = fold_constants(imported, fold_shapes=False, keep=set(roles.parameters) | set(chosen), rule=rule)
     roles = roles.finalize(base)
     plan, notes = _rebatch(base, batch_size, rule)
-    notes = untied + notes
     static_source = base if plan is None else apply_batch_plan(base, plan, batch_size)
     inference = make_static(static_source, batch_size=batch_size, keep=chosen, rule=rule)
     inference.verify(static=True)
     if rule is not None:  # onnx is installed: its schemas say which inputs share a type
-        from edgetrain.onnx_io.shapes import check_types
+        from edgetrain.onnx_io.shapes import check_types  # onnx is installed: the rule came from it
 
         check_types(inference)
+    return _StaticModel(inference, base, roles, chosen, plan, untied + notes)
+
+
+def _trainable(inference: Graph, chosen: list[str], trainable, output: str | None) -> tuple[str, list[str]]:
+    """(the output the loss reads, the parameters that train); a parameter asked for by name that nothing reads
+    any more is an error."""
     prediction = output or inference.outputs[0]
     if prediction not in inference.outputs:
         raise UnsupportedError(
@@ -114,7 +167,24 @@ def _convert(model, loss, optimizer, trainable, batch_size, output) -> TrainingA
             f"trainable parameter(s) {unused[:5]} do not affect the model's outputs (nothing reads them once the "
             "graph is made static)"
         )
+    return prediction, params
 
+
+@dataclass
+class _Extended:
+    """The inference graph extended in place: + the loss (ILoss), + gradient nodes, + update nodes (IOptimizer)."""
+
+    builder: ShapedBuilder
+    ctx: TrainingContext
+    lr: str
+    target: str
+    loss: str
+    params: list[str]  # those the loss depends on
+    grads: dict[str, str | None]
+    new_values: list[str]  # each parameter's next value, in params' order
+
+
+def _extend(inference: Graph, prediction: str, params, trainable, loss: ILoss, optimizer: IOptimizer, rule):
     g = inference.copy()
     g.inputs = list(inference.inputs)
     b = ShapedBuilder(g, rule=rule)
@@ -139,16 +209,23 @@ def _convert(model, loss, optimizer, trainable, batch_size, output) -> TrainingA
         raise UnsupportedError(f"the loss does not depend on trainable parameter(s) {unreached[:5]}")
     params = [p for p in params if grads[p] is not None]
     new_values = optimizer.make_multiple(ctx, params, [grads[p] for p in params])
+    return _Extended(b, ctx, lr, target, loss_value, params, grads, new_values)
 
+
+def _pure_step(inference: Graph, ext: _Extended, rule) -> tuple[Graph, dict[str, np.ndarray], dict[str, str]]:
+    """The step as a pure function: parameters and optimizer state become inputs; its outputs are the loss, the
+    model's outputs and the next value of every parameter and state tensor (`name.updated`). Returns (the step,
+    the initial values of its parameters and state, {parameter or state: the output holding its next value})."""
+    b, ctx, params = ext.builder, ext.ctx, ext.params
     graph = b.finish()
     initial = {p: inference.initializers[p] for p in params}
-    for p in params:  # parameters become inputs: the step is a pure function of them
+    for p in params:
         del graph.initializers[p]
-    graph.inputs = list(inference.inputs) + [target, lr] + params + list(ctx.state_inputs)
+    graph.inputs = list(inference.inputs) + [ext.target, ext.lr] + params + list(ctx.state_inputs)
     initial.update(ctx.state_inputs)
-    updates = dict(zip(params, new_values)) | dict(ctx.state_updates)
+    updates = dict(zip(params, ext.new_values)) | dict(ctx.state_updates)
     loss_name = b.fresh("loss")
-    renames = {loss_value: loss_name}
+    renames = {ext.loss: loss_name}
     for name, value in list(updates.items()):
         assert value not in renames, f"'{value}' is the next value of two state tensors"
         updates[name] = renames[value] = b.fresh(name + UPDATED)
@@ -157,28 +234,7 @@ def _convert(model, loss, optimizer, trainable, batch_size, output) -> TrainingA
     # constant-only pieces the loss or optimizer built, dead branches
     graph = prune(fold_constants(graph, rule=rule))
     graph.verify(static=True)
-    fused = _fused_program(graph, optimizer, ctx, params, grads, loss_name, list(inference.outputs))
-    return TrainingArtifact(
-        graph=graph,
-        inference=inference,
-        base=base,
-        parameters=params,
-        state=list(ctx.state_inputs),
-        initial=initial,
-        updates=updates,
-        data_inputs=list(inference.inputs),
-        target=target,
-        lr=lr,
-        loss=loss_name,
-        outputs=list(inference.outputs),
-        loss_config=loss.config(),
-        optimizer_config=optimizer.config(),
-        provenance=provenance,
-        roles=roles,
-        notes=notes,
-        batch_plan=plan,
-        fused=fused,
-    )
+    return graph, initial, updates
 
 
 def _fused_program(

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgetrain.core.errors import ModelError
-from edgetrain.core.ir import Graph, toposort
+from edgetrain.core.ir import Graph, Node, toposort
 from edgetrain.core.kernels import KERNELS
 from edgetrain.core.plan import MemoryPlan, PlanFacts, schedule_digest
 
@@ -46,130 +46,162 @@ def _schedule(f: PlanFacts, *, strict: bool, smallest: bool) -> list[int]:
     qualifies, the ready node that comes first in the given order runs, or (smallest) the one that adds fewest
     bytes, nodes that read nothing in the arena (the first layer, products of parameters) last. Ties go to the
     given order."""
-    nodes = f.nodes
-    n = len(nodes)
-    producers = [sorted({f.producer[i] for i in nd.inputs if i in f.producer}) for nd in nodes]
-    consumers: list[list[int]] = [[] for _ in range(n)]
-    for k, ps in enumerate(producers):
-        for p in ps:
-            consumers[p].append(k)
-    reads = [
-        [r for r in dict.fromkeys(f.root.get(i) for i in nd.inputs if i) if r in f.planned] for nd in nodes
-    ]
-    made = [[o for o in nd.outputs if o in f.planned] for nd in nodes]
-    alloc = [sum(f.planned[o] for o in made[k]) for k in range(n)]
-    pullable = [len(consumers[k]) == 1 or alloc[k] <= _TINY for k in range(n)]
-    # bytes of outputs nobody reads (freed at once), and the inputs an in-place kernel may write over
-    unread = [sum(f.planned[o] for o in made[k] if not f.readers[o] and o not in f.pinned) for k in range(n)]
-    overwritable: list[set[str]] = []
-    for k, nd in enumerate(nodes):
+    return _Greedy(f, strict=strict, smallest=smallest).run()
+
+
+class _Greedy:
+    """One greedy schedule under way (see _schedule): what each node reads, makes and frees in the arena, the
+    nodes done, and two heaps of candidates: clusters that free what they allocate (`good`), and single ready
+    nodes (`rest`). A candidate is evaluated again only when something it depends on changes: a node of its
+    cluster (or the one blocking it) runs, or a value its cluster reads loses a reader."""
+
+    def __init__(self, f: PlanFacts, *, strict: bool, smallest: bool):
+        self.f, self.strict, self.smallest = f, strict, smallest
+        nodes = f.nodes
+        n = self.n = len(nodes)
+        self.producers = [sorted({f.producer[i] for i in nd.inputs if i in f.producer}) for nd in nodes]
+        self.consumers: list[list[int]] = [[] for _ in range(n)]
+        for k, ps in enumerate(self.producers):
+            for p in ps:
+                self.consumers[p].append(k)
+        self.reads = [
+            [r for r in dict.fromkeys(f.root.get(i) for i in nd.inputs if i) if r in f.planned]
+            for nd in nodes
+        ]
+        made = [[o for o in nd.outputs if o in f.planned] for nd in nodes]
+        self.alloc = [sum(f.planned[o] for o in made[k]) for k in range(n)]
+        self.pullable = [len(self.consumers[k]) == 1 or self.alloc[k] <= _TINY for k in range(n)]
+        # bytes of outputs nobody reads (freed at once), and the inputs an in-place kernel may write over
+        self.unread = [
+            sum(f.planned[o] for o in made[k] if not f.readers[o] and o not in f.pinned) for k in range(n)
+        ]
+        self.overwritable = [self._overwritable(nd, len(made[k])) for k, nd in enumerate(nodes)]
+        self.missing = [len(ps) for ps in self.producers]
+        self.remaining = {r: len(ks) for r, ks in f.readers.items()}
+        self.done = [False] * n
+        self.order: list[int] = []
+        self.clusters: dict[int, list[int]] = {}
+        self.version = [0] * n
+        self.by_node: dict[int, set[int]] = {}  # node -> the heads whose cluster it joins or blocks
+        self.by_root: dict[str, set[int]] = {}  # value -> the heads whose cluster reads it
+        self.good: list[
+            tuple[int, int, int, int]
+        ] = []  # heap of (transient bytes, final bytes, head, version)
+        self.rest: list[
+            tuple[bool, int, int, int]
+        ] = []  # heap of (reads no arena value, final bytes, node, version)
+        self.dirty: set[int] = set()
+        self.is_head = [False] * n
+
+    def _overwritable(self, nd: Node, n_made: int) -> set[str]:
+        f = self.f
         kern = KERNELS.get(nd.op_type)
-        ins = kern.inplace if kern is not None and len(made[k]) == 1 else ()
-        overwritable.append(
-            {
-                f.root[nd.inputs[j]]
-                for j in ins
-                if j < len(nd.inputs) and f.root.get(nd.inputs[j]) in f.planned
-            }
-        )
+        ins = kern.inplace if kern is not None and n_made == 1 else ()
+        return {
+            f.root[nd.inputs[j]] for j in ins if j < len(nd.inputs) and f.root.get(nd.inputs[j]) in f.planned
+        }
 
-    missing = [len(ps) for ps in producers]
-    remaining = {r: len(ks) for r, ks in f.readers.items()}
-    done = [False] * n
-    order: list[int] = []
-    # Candidates are evaluated again only when something they depend on changes: a node of their cluster (or the
-    # one blocking it) runs, or a value their cluster reads loses a reader.
-    clusters: dict[int, list[int]] = {}
-    version = [0] * n
-    by_node: dict[int, set[int]] = {}
-    by_root: dict[str, set[int]] = {}
-    good: list[tuple[int, int, int, int]] = []  # heap of (transient bytes, final bytes, head, version)
-    rest: list[tuple[bool, int, int, int]] = []  # heap of (reads no arena value, final bytes, node, version)
-    dirty: set[int] = set()
-    is_head = [False] * n
+    def run(self) -> list[int]:
+        for k in range(self.n):
+            if self.missing[k] == 0:
+                self.became_ready(k)
+        good, rest, done, version = self.good, self.rest, self.done, self.version
+        while len(self.order) < self.n:
+            for h in sorted(self.dirty):
+                if not done[h]:
+                    self.evaluate(h)
+            self.dirty.clear()
+            while good and (done[good[0][2]] or good[0][3] != version[good[0][2]]):
+                heapq.heappop(good)
+            while rest and (done[rest[0][2]] or rest[0][3] != version[rest[0][2]]):
+                heapq.heappop(rest)
+            if good:
+                chosen = self.clusters[heapq.heappop(good)[2]]
+            else:
+                chosen = [heapq.heappop(rest)[2]]
+            for m in chosen:
+                self.runs(m)
+        assert len(self.order) == self.n, "the schedule lost nodes: the graph has a cycle"
+        return self.order
 
-    def became_ready(k: int) -> None:
-        dirty.add(k)
+    def runs(self, m: int) -> None:
+        """Node m runs: its readers' candidates change, and so do the nodes it makes ready."""
+        self.done[m] = True
+        self.order.append(m)
+        self.dirty |= self.by_node.pop(m, set())
+        for r in self.reads[m]:
+            self.remaining[r] -= 1
+            self.dirty |= self.by_root.pop(r, set())
+        for c in self.consumers[m]:
+            self.missing[c] -= 1
+            if self.missing[c] == 0:
+                self.became_ready(c)
+
+    def became_ready(self, k: int) -> None:
+        self.dirty.add(k)
         c = k  # walk from a producer that only one node needs to that node: it may pull k in
         for _ in range(_MAX_CLUSTER):
-            if not is_head[c]:
-                is_head[c] = True
-                dirty.add(c)
-            if not pullable[c] or len(consumers[c]) != 1:
+            if not self.is_head[c]:
+                self.is_head[c] = True
+                self.dirty.add(c)
+            if not self.pullable[c] or len(self.consumers[c]) != 1:
                 break
-            c = consumers[c][0]
+            c = self.consumers[c][0]
 
-    def evaluate(head: int) -> None:
-        version[head] += 1
+    def evaluate(self, head: int) -> None:
+        """head's cluster onto the heap it qualifies for, if any (its old entries become stale)."""
+        self.version[head] += 1
+        members = self._cluster(head)
+        if members is None:
+            return
+        peak, cur = self._on_paper(head, members)
+        if (peak <= -cur) if self.strict else (cur <= 0):
+            self.clusters[head] = sorted(members)
+            heapq.heappush(self.good, (peak if self.strict else 0, cur, head, self.version[head]))
+        elif self.missing[head] == 0:
+            source = self.smallest and not self.reads[head]
+            entry = (source, cur if self.smallest and not source else 0, head, self.version[head])
+            heapq.heappush(self.rest, entry)
+
+    def _cluster(self, head: int) -> set[int] | None:
+        """head and the producers not done yet that only it needs (at most _MAX_CLUSTER), or None when one of its
+        producers cannot be pulled in."""
         members, stack = {head}, [head]
         ok = True
         while stack and ok:
-            for p in producers[stack.pop()]:
-                if done[p] or p in members:
+            for p in self.producers[stack.pop()]:
+                if self.done[p] or p in members:
                     continue
-                by_node.setdefault(p, set()).add(head)
-                if not pullable[p] or len(members) >= _MAX_CLUSTER:
+                self.by_node.setdefault(p, set()).add(head)
+                if not self.pullable[p] or len(members) >= _MAX_CLUSTER:
                     ok = False
                     break
                 members.add(p)
                 stack.append(p)
-        by_node.setdefault(head, set()).add(head)
-        if not ok:
-            return
-        # Run the cluster on paper: bytes allocated above the current state, at the worst moment and at the end.
+        self.by_node.setdefault(head, set()).add(head)
+        return members if ok else None
+
+    def _on_paper(self, head: int, members: set[int]) -> tuple[int, int]:
+        """The cluster run on paper: bytes allocated above the current state, at the worst moment and at the end."""
+        f = self.f
         cur = peak = 0
         seen: dict[str, int] = {}
         for m in sorted(members):
             dying = []
-            for r in reads[m]:
-                by_root.setdefault(r, set()).add(head)
+            for r in self.reads[m]:
+                self.by_root.setdefault(r, set()).add(head)
                 seen[r] = seen.get(r, 0) + 1
-                if seen[r] == remaining[r] and r not in f.pinned:
+                if seen[r] == self.remaining[r] and r not in f.pinned:
                     dying.append(r)
-            add = alloc[m]
-            reuse = next((r for r in dying if r in overwritable[m]), None)
+            add = self.alloc[m]
+            reuse = next((r for r in dying if r in self.overwritable[m]), None)
             if reuse is not None:  # likely written in place over an input that dies here
                 add -= f.planned[reuse]
                 dying.remove(reuse)
             cur += add
             peak = max(peak, cur)
-            cur -= sum(f.planned[r] for r in dying) + unread[m]
-        if (peak <= -cur) if strict else (cur <= 0):
-            clusters[head] = sorted(members)
-            heapq.heappush(good, (peak if strict else 0, cur, head, version[head]))
-        elif missing[head] == 0:
-            source = smallest and not reads[head]
-            heapq.heappush(rest, (source, cur if smallest and not source else 0, head, version[head]))
-
-    for k in range(n):
-        if missing[k] == 0:
-            became_ready(k)
-    while len(order) < n:
-        for h in sorted(dirty):
-            if not done[h]:
-                evaluate(h)
-        dirty.clear()
-        while good and (done[good[0][2]] or good[0][3] != version[good[0][2]]):
-            heapq.heappop(good)
-        while rest and (done[rest[0][2]] or rest[0][3] != version[rest[0][2]]):
-            heapq.heappop(rest)
-        if good:
-            chosen = clusters[heapq.heappop(good)[2]]
-        else:
-            chosen = [heapq.heappop(rest)[2]]
-        for m in chosen:
-            done[m] = True
-            order.append(m)
-            dirty |= by_node.pop(m, set())
-            for r in reads[m]:
-                remaining[r] -= 1
-                dirty |= by_root.pop(r, set())
-            for c in consumers[m]:
-                missing[c] -= 1
-                if missing[c] == 0:
-                    became_ready(c)
-    assert len(order) == n, "the schedule lost nodes: the graph has a cycle"
-    return order
+            cur -= sum(f.planned[r] for r in dying) + self.unread[m]
+        return peak, cur
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from edgetrain.core.errors import (
     ModelLimitError,
     ShapeError,
 )
+from edgetrain.core.interpreter import Interpreter, compile_step
 from edgetrain.core.ir import Graph, Node, TensorInfo
 from edgetrain.core.ops import record
 
@@ -234,7 +235,6 @@ def infer_shapes(graph: Graph, *, rule: ShapeRule | None = None) -> Graph:
     for every op the interpreter runs, as long as no shape depends on the data (check_static_shapes reports
     those). With a shape rule (the build side), a value larger than STANDIN_BYTES is never allocated: the
     nodes around it get their shapes from the rule (see shape_step)."""
-    from edgetrain.core.interpreter import compile_step
 
     graph.verify()
     for name in graph.inputs:
@@ -339,7 +339,6 @@ def fold_constants(
     The initializers and the folded constants together may hold max_bytes (MAX_PARAMETER_BYTES by default): a
     node that would fold beyond it is a ModelLimitError, found before it runs from the shapes already inferred or
     from the shape rule."""
-    from edgetrain.core.interpreter import Interpreter
 
     limit = MAX_PARAMETER_BYTES if max_bytes is None else int(max_bytes)
     keep = set(keep)

@@ -39,54 +39,7 @@ def split_step(
     first = graph.values[data_inputs[0]]
     if not first.is_static or not first.shape:
         return None, "the training program's batch is symbolic"
-    batch = int(first.shape[0])
-    f = RowFacts(graph, batch)
-    for name in data_inputs:
-        info = graph.values[name]
-        f.state[name] = ROW if info.is_static and info.shape and info.shape[0] == batch else MIXED
-    consumers: dict[str, list[Node]] = {}
-    for n in graph.nodes:
-        for i in n.inputs:
-            if i:
-                consumers.setdefault(i, []).append(n)
-    in_prefix: list[Node] = []  # data-dependent, rows apart
-    const_nodes: list[Node] = []
-    stop = ""  # the first node the cut stops at, as users read it
-    for n in graph.nodes:
-        ins = [i for i in n.inputs if i]
-        if any(i not in f.state for i in ins) or record(n.op_type).random or n.domain not in ("", "ai.onnx"):
-            continue  # reads a parameter, the target, the learning rate or a value after the prefix
-        if all(f.state[i] == CONST for i in ins):
-            for o in n.outputs:
-                if o:
-                    f.state[o] = CONST
-            const_nodes.append(n)
-            continue
-        if any(f.state[i] == MIXED for i in ins):
-            continue
-        rule = record(n.op_type).rows
-        try:
-            st = rule(n, f) if rule is not None else MIXED
-        except (IndexError, KeyError, TypeError, ValueError):  # a shape or constant the rule cannot read
-            st = MIXED
-        moves = any(o in exclude for o in n.outputs if o)
-        if st == MIXED or moves:
-            why = (
-                "its results for a sample change with the sample's position in the batch"
-                if moves
-                else "no rule says it keeps samples apart"
-                if rule is None
-                else "it mixes the samples of a batch"
-            )
-            stop = stop or f"{n.label}: {why}"
-            for o in n.outputs:
-                if o:
-                    f.state[o] = MIXED
-            continue
-        for o in n.outputs:
-            if o:
-                f.state[o] = ROW
-        in_prefix.append(n)
+    f, in_prefix, const_nodes, stop = _walk(graph, data_inputs, int(first.shape[0]), exclude)
     if not in_prefix:
         if stop:
             return None, f"nothing frozen can be cached from the first node on ({stop})"
@@ -94,6 +47,63 @@ def split_step(
     if not any(record(n.op_type).heavy for n in in_prefix):
         ops = sorted({n.op_type for n in in_prefix})
         return None, f"the frozen part ({', '.join(ops)}) is too cheap to be worth caching"
+    return _cut(graph, data_inputs, f, in_prefix, const_nodes), ""
+
+
+def _walk(
+    graph: Graph, data_inputs: Sequence[str], batch: int, exclude: Collection[str]
+) -> tuple[RowFacts, list[Node], list[Node], str]:
+    """In node order, the state of every value the data reaches before a parameter does: (the facts, the nodes
+    that keep rows apart, the nodes of constants alone, the first node the prefix stops at, as users read it)."""
+    f = RowFacts(graph, batch)
+    for name in data_inputs:
+        info = graph.values[name]
+        f.state[name] = ROW if info.is_static and info.shape and info.shape[0] == batch else MIXED
+    in_prefix: list[Node] = []  # data-dependent, rows apart
+    const_nodes: list[Node] = []
+    stop = ""
+    for n in graph.nodes:
+        ins = [i for i in n.inputs if i]
+        if any(i not in f.state for i in ins) or record(n.op_type).random or n.domain not in ("", "ai.onnx"):
+            continue  # reads a parameter, the target, the learning rate or a value after the prefix
+        if all(f.state[i] == CONST for i in ins):
+            state, why = CONST, ""
+            const_nodes.append(n)
+        elif any(f.state[i] == MIXED for i in ins):
+            continue
+        else:
+            state, why = _rows_of(n, f, exclude)
+            if state == MIXED:
+                stop = stop or f"{n.label}: {why}"
+            else:
+                in_prefix.append(n)
+        for o in n.outputs:
+            if o:
+                f.state[o] = state
+    return f, in_prefix, const_nodes, stop
+
+
+def _rows_of(n: Node, f: RowFacts, exclude: Collection[str]) -> tuple[str, str]:
+    """(ROW, "") when node n keeps its rows apart by its op's row rule, else (MIXED, why not)."""
+    rule = record(n.op_type).rows
+    try:
+        state = rule(n, f) if rule is not None else MIXED
+    except (IndexError, KeyError, TypeError, ValueError):  # a shape or constant the rule cannot read
+        state = MIXED
+    if any(o in exclude for o in n.outputs if o):
+        return MIXED, "its results for a sample change with the sample's position in the batch"
+    if state == MIXED:
+        return (
+            MIXED,
+            "no rule says it keeps samples apart" if rule is None else "it mixes the samples of a batch",
+        )
+    return ROW, ""
+
+
+def _cut(
+    graph: Graph, data_inputs: Sequence[str], f: RowFacts, in_prefix: list[Node], const_nodes: list[Node]
+):
+    """The step cut in two: the prefix (its nodes and the constants they read) and the rest."""
     moved, constant = {id(n) for n in in_prefix}, {id(n) for n in const_nodes}
     rest = [n for n in graph.nodes if id(n) not in moved]
     read_later = {i for n in rest for i in n.inputs if i} | set(graph.outputs)
@@ -109,4 +119,4 @@ def split_step(
     )
     suffix_inputs = [i for i in graph.inputs if i in read_later or i not in data_inputs]
     suffix = prune(graph.copy(nodes=rest, inputs=suffix_inputs + boundary))
-    return Split(prefix, suffix, boundary, len(in_prefix), len(graph.nodes)), ""
+    return Split(prefix, suffix, boundary, len(in_prefix), len(graph.nodes))

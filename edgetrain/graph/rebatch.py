@@ -17,8 +17,11 @@ from typing import Any
 import numpy as np
 
 from edgetrain.core.errors import EdgeTrainError, LimitError, ModelLimitError, RebatchError, ShapeError
+from edgetrain.core.interpreter import Interpreter, compile_step
 from edgetrain.core.ir import Graph, GraphBuilder, Node, TensorInfo
 from edgetrain.core.ops import record
+
+from .passes import STANDIN_BYTES, check_size, make_static, shape_step, size_text
 
 BIG = np.iinfo(np.int64).max
 
@@ -103,9 +106,6 @@ def _run_shapes(graph: Graph, edit=None, rule=None) -> dict[str, tuple[int, ...]
     """Runs the graph node by node on zeros of its input shapes and returns every value's shape; edit(node, env)
     may return a replacement node (with new constant inputs) before the node runs. With a shape rule, a value
     larger than edgetrain.graph.passes.STANDIN_BYTES is never allocated (see edgetrain.graph.passes.shape_step)."""
-    from edgetrain.core.interpreter import compile_step
-
-    from .passes import STANDIN_BYTES, check_size, shape_step
 
     env: dict[str, Any] = dict(graph.initializers)
     for n in graph.inputs:
@@ -287,9 +287,6 @@ def verify_batch_plan(
     """Runs the original model (at its batch) and the re-batched one on the same samples and compares each
     sample's outputs; ShapeError naming the rewritten nodes when they differ. ModelLimitError when running them
     would take more than MAX_VERIFY_BYTES (the values of both graphs, all together)."""
-    from edgetrain.core.interpreter import Interpreter
-
-    from .passes import make_static, size_text
 
     static_new, static_old = make_static(rebatched, rule=rule), make_static(graph, rule=rule)
     need = sum(info.nbytes or 0 for g in (static_new, static_old) for info in g.values.values())

@@ -7,13 +7,13 @@ try:
     import onnx
     import onnx.inliner
     import onnx.shape_inference
-    from onnx import helper, numpy_helper
+    from onnx import external_data_helper, helper, numpy_helper
 except ImportError as _e:  # pragma: no cover - exercised by the numpy-only test
     raise ImportError(
         "edgetrain's ONNX import/export needs the onnx package: pip install 'edgetrain[convert]'"
     ) from _e
 
-__all__ = ["helper", "numpy_helper", "onnx", "why"]
+__all__ = ["external_data_helper", "helper", "numpy_helper", "onnx", "why"]
 
 
 def why(e: BaseException) -> str:

@@ -24,6 +24,7 @@ from edgetrain.core.ops import record
 from edgetrain.graph import passes
 from edgetrain.graph.passes import check_size, contiguous, make_static, size_text
 
+from .proto import external_data_helper as ext
 from .proto import helper, numpy_helper, onnx, why
 from .shapes import check_types, node_shapes
 
@@ -78,8 +79,6 @@ def _load_external(proto: onnx.ModelProto, path: Path, max_bytes: int) -> None:
     """Reads the tensors the model keeps in external files, after checking each one: a file inside the model's
     folder, its offset and length inside that file, its length what the tensor's shape needs, all together
     within max_bytes."""
-    from onnx import external_data_helper as ext
-
     tensors = [t for t in ext._get_all_tensors(proto) if ext.uses_external_data(t)]
     if not tensors:
         return

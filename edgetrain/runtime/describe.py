@@ -12,6 +12,10 @@ from typing import Any
 
 import numpy as np
 
+from edgetrain.core.container import read_container
+
+from .fused import CHUNK, fusable
+
 
 def _mb(n: float) -> str:
     return f"{n / 2**20:8.2f} MiB" if n >= 2**20 else f"{n / 1024:8.1f} KiB"
@@ -33,7 +37,6 @@ def step_memory(header: dict[str, Any], tensors: Mapping[str, np.ndarray]) -> di
 
     Not counted: the interpreter's Python objects, temporaries inside kernels, the caller's batch, and the file's
     pages the map brings in beyond the constants (the initial values, read once when the session copies them)."""
-    from .fused import CHUNK, fusable
 
     io = header["io"]
     zeros = header.get("zeros", {})
@@ -79,7 +82,6 @@ def step_memory(header: dict[str, Any], tensors: Mapping[str, np.ndarray]) -> di
 
 def artifact_step_memory(path: str | os.PathLike) -> dict[str, Any]:
     """step_memory of an artifact file (the benchmark sets it beside the RSS it measures)."""
-    from edgetrain.core.container import read_container
 
     header, tensors = read_container(path, kind="artifact")
     return step_memory(header, tensors)
@@ -94,7 +96,6 @@ def _value_bytes(program: dict[str, Any], name: str) -> int:
 
 
 def describe(path: str | os.PathLike) -> str:
-    from edgetrain.core.container import read_container
 
     header, tensors = read_container(path, verify=True)
     size = os.path.getsize(path)
@@ -105,7 +106,6 @@ def describe(path: str | os.PathLike) -> str:
 
 def summary(path: str | os.PathLike) -> dict[str, Any]:
     """An artifact or checkpoint file -> the facts `edgetrain inspect --json` prints (JSON-ready)."""
-    from edgetrain.core.container import read_container
 
     header, tensors = read_container(path, verify=True)
     out: dict[str, Any] = {"path": os.fspath(path), "size_bytes": os.path.getsize(path)}

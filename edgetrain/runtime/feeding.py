@@ -16,7 +16,15 @@ from typing import Any
 import numpy as np
 
 from edgetrain.core.errors import EdgeTrainError, FeedError
-from loaders import DataError, Preprocess, adapt_samples, check_labels, open_data
+from loaders import (
+    DataError,
+    Preprocess,
+    adapt_samples,
+    check_labels,
+    open_data,
+    parse_normalize,
+    parse_scale,
+)
 
 
 @dataclass(frozen=True)
@@ -96,7 +104,6 @@ def _integral(view, limit: int = 256) -> bool:
 
 def parse_options(layout: str | None, scale: str | None, normalize: str | None) -> DataOptions:
     """The command line's --layout, --scale and --normalize texts -> DataOptions (ValueError on bad text)."""
-    from loaders import parse_normalize, parse_scale
 
     mean = std = None
     if normalize is not None:

@@ -14,6 +14,8 @@ from edgetrain.core.interpreter import Interpreter, check_feeds
 from edgetrain.core.ir import Graph
 from edgetrain.graph.passes import fold_constants, make_static, shape_deciding_inputs
 
+from .threads import apply_threads
+
 _ONNX_TYPE = {
     "float32": "float",
     "float64": "double",
@@ -37,21 +39,6 @@ class NodeArg:
     type: str
 
 
-def _apply_threads(threads: int | None) -> int | None:
-    """A session's threads= (BLAS threads: the process's, see edgetrain.runtime.threads); warns when this numpy's
-    BLAS cannot be told, and returns the number in effect (None when unknown)."""
-    if threads is None:
-        return None
-    import warnings
-
-    from .threads import blas_threads
-
-    now, how = blas_threads(threads)
-    if now is None:
-        warnings.warn(f"threads={threads} was not applied: {how}", RuntimeWarning, stacklevel=3)
-    return now
-
-
 class InferenceSession:
     """Runs an ONNX model (path, bytes, onnx.ModelProto, or an edgetrain Graph) like onnxruntime does:
     `sess.run(None, {"input": x})` returns the list of outputs.
@@ -71,11 +58,11 @@ class InferenceSession:
         shapes: Mapping[str, Sequence[int]] | None = None,
         threads: int | None = None,
     ):
-        self.threads = _apply_threads(threads)
+        self.threads = apply_threads(threads)
         if isinstance(model, Graph):
             graph = model
         else:
-            from edgetrain.onnx_io.reader import from_onnx  # build side: needs onnx
+            from edgetrain.onnx_io.reader import from_onnx  # needs onnx: an optional dependency
 
             graph = from_onnx(model)
         self._base = fold_constants(graph, fold_shapes=False)

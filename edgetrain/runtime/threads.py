@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+import warnings
 
 from edgetrain.core.errors import ConfigError
 
@@ -59,7 +60,7 @@ def blas_threads(n: int | None = None) -> tuple[int | None, str]:
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
         raise ConfigError(f"threads must be a whole number >= 1, not {n!r}")
     try:
-        from threadpoolctl import threadpool_info, threadpool_limits
+        from threadpoolctl import threadpool_info, threadpool_limits  # optional: knows every BLAS build
     except ImportError:
         pass
     else:
@@ -75,3 +76,14 @@ def blas_threads(n: int | None = None) -> tuple[int | None, str]:
         "numpy's BLAS here is not one edgetrain can reach (install threadpoolctl, or set OMP_NUM_THREADS and "
         "OPENBLAS_NUM_THREADS before starting Python)"
     )
+
+
+def apply_threads(threads: int | None) -> int | None:
+    """A session's threads= (BLAS threads: the process's); warns when this numpy's BLAS cannot be told, and returns
+    the number in effect (None when unknown)."""
+    if threads is None:
+        return None
+    now, how = blas_threads(threads)
+    if now is None:
+        warnings.warn(f"threads={threads} was not applied: {how}", RuntimeWarning, stacklevel=3)
+    return now

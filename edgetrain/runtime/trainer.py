@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from edgetrain.core.errors import ArtifactError, ConfigError, MissingFileError, NonFiniteError, StorageError
-from loaders import DataLoader
+from loaders import DataLoader, fingerprint
 
 from . import TrainingSession
 from .schedules import ConstantLR, CosineLR, ILRSchedule, StepLR, WarmupLR, schedule_from_config
@@ -269,7 +269,6 @@ class Trainer:
     def settings(self) -> dict[str, Any]:
         """What makes this run this run (JSON values): schedule, epochs, base lr, batching, shuffling, early
         stopping, and fingerprints of the data. Checkpoints record it; resume() refuses a trainer that differs."""
-        from loaders import fingerprint
 
         t = self.train_loader
         return {

@@ -11,13 +11,17 @@ from typing import Any
 
 import numpy as np
 
+from edgetrain.core.container import read_container, short, write_container
 from edgetrain.core.errors import ArtifactError, ExecutionError, FeedError, NonFiniteError, UnsupportedError
 from edgetrain.core.interpreter import Interpreter, check_feeds
 from edgetrain.graph.passes import make_static, prune
+from edgetrain.graph.prefix import split_step
 from edgetrain.graph.rebatch import apply_batch_plan, fixed_batch
 
 from .artifact import load_artifact
+from .feature_cache import DEFAULT_MAX_BYTES, FeatureCache
 from .fused import FusedOptimizer, finite, fusable, usable
+from .threads import apply_threads
 
 
 class TrainingSession:
@@ -40,9 +44,7 @@ class TrainingSession:
     ):
         """max_header_bytes and max_arena_bytes raise the bounds an artifact is read within (container.
         MAX_HEADER_BYTES, plan.MAX_ARENA_BYTES: 64 MiB of header, a 4 GiB arena): see SECURITY.md."""
-        from .session import _apply_threads
-
-        self.threads = _apply_threads(threads)  # BLAS threads (the process's); None: left as they are
+        self.threads = apply_threads(threads)  # BLAS threads (the process's); None: left as they are
         self.artifact = art = load_artifact(
             path, verify=verify, max_header_bytes=max_header_bytes, max_arena_bytes=max_arena_bytes
         )
@@ -182,9 +184,6 @@ class TrainingSession:
         64 MiB); samples past it are computed each time. Use it when each sample's data is the same every epoch:
         with random augmentation every sample is new and the cache only costs memory. rows: the `feature_rows`
         of an earlier session of the same artifact, taken over (ignored when they belong to another program)."""
-        from edgetrain.graph.prefix import split_step
-
-        from .feature_cache import DEFAULT_MAX_BYTES, FeatureCache
 
         budget = DEFAULT_MAX_BYTES if max_bytes is None else int(max_bytes)
         if budget < 0:
@@ -230,9 +229,6 @@ class TrainingSession:
         in the batch; or None (the cache turned off). Where only the prefix's last nodes move rows (a BLAS whose
         matrix product rounds a row by its position in the batch), the prefix is cut back before them and the
         cut prefix is checked in turn: the convolutions stay cached, the products run in every step."""
-        from edgetrain.graph.prefix import split_step
-
-        from .feature_cache import FeatureCache
 
         moving: set[str] = set()
         while True:
@@ -370,7 +366,6 @@ class TrainingSession:
             raise FeedError(
                 f"user_state must hold JSON values only (numbers, strings, lists, dicts): {e}"
             ) from e
-        from edgetrain.core.container import write_container
 
         bad = [k for k, v in self._values.items() if not finite(v)]
         if bad or not math.isfinite(
@@ -391,7 +386,6 @@ class TrainingSession:
     def load_checkpoint(self, path: str | os.PathLike) -> dict[str, Any]:
         """Restores a checkpoint of this model; returns its user_state. Every field is checked before anything is
         restored: a bad file is an ArtifactError naming it and the field, and the session is left as it was."""
-        from edgetrain.core.container import read_container
 
         header, tensors = read_container(path, kind="checkpoint")
         step, lr, user = _checkpoint_fields(path, header)
@@ -426,7 +420,7 @@ class TrainingSession:
         """Writes the inference model with the trained parameters (nothing of the training graph); onnxruntime
         runs it. Needs the onnx package."""
         try:
-            from edgetrain.onnx_io.writer import export_inference
+            from edgetrain.onnx_io.writer import export_inference  # needs onnx: an optional dependency
         except ImportError as e:
             raise UnsupportedError(
                 "export_onnx needs the onnx package, which is not installed here: "
@@ -528,7 +522,6 @@ class TrainingSession:
 
 def _checkpoint_fields(path: str | os.PathLike, header: dict[str, Any]) -> tuple[int, float, dict]:
     """(step, lr, user_state) of a checkpoint header, every field of its type; ArtifactError naming the field."""
-    from edgetrain.core.container import short
 
     pid, name = header.get("program_id"), header.get("artifact", "")
     step, lr, user = header.get("step"), header.get("lr"), header.get("user_state", {})

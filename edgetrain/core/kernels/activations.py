@@ -340,6 +340,17 @@ def _thresholded_relu_body(x, out, alpha):
         np.copyto(out, x, where=keep)
 
 
+@kernel("Shrink")
+def shrink(x: np.ndarray, *, bias: float = 0.0, lambd: float = 0.5) -> np.ndarray:
+    """y = x - bias where x > lambd, x + bias where x < -lambd, else 0, in x's dtype. The attributes are float32
+    (ONNX FLOAT). float16 and integers are computed in float32 and cast back (integers toward zero), as onnxruntime
+    does; float64 in float64, as the spec says (onnxruntime rounds it through float32)."""
+    work = x if x.dtype == np.float64 else x.astype(np.float32)
+    b, lam = work.dtype.type(_f32(bias)), work.dtype.type(_f32(lambd))
+    y = np.where(work < -lam, work + b, np.where(work > lam, work - b, work.dtype.type(0)))
+    return y.astype(x.dtype, copy=False)
+
+
 @kernel("ThresholdedRelu")
 def thresholded_relu(x: np.ndarray, *, alpha: float = 1.0, out: np.ndarray | None = None) -> np.ndarray:
     return _chunked(_thresholded_relu_body, x, out, _f32(alpha))

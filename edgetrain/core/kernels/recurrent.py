@@ -239,6 +239,71 @@ def _direction(direction) -> str:
     return d
 
 
+def _layout0_x(op: str, x: np.ndarray, layout: int) -> np.ndarray:
+    """X as given -> X [T, N, I] (layout 0), its dtype and rank checked."""
+    if x.dtype.kind != "f":
+        raise UnsupportedError(f"{op}: input X is {x.dtype}; the op takes float16, float32 or float64")
+    if x.ndim != 3:
+        raise ShapeError(f"{op}: input X has shape {x.shape}; it must be 3-D")
+    if layout == 1:
+        x = x.transpose(1, 0, 2)
+    return x
+
+
+def _optional_inputs(B, initial_h, initial_c, P, layout: int) -> tuple[np.ndarray | None, ...]:
+    """B, initial_h, initial_c, P as given -> arrays (None where omitted), the states in layout 0."""
+    b = None if B is None else np.asarray(B)
+    h0 = None if initial_h is None else np.asarray(initial_h)
+    c0 = None if initial_c is None else np.asarray(initial_c)
+    if layout == 1:
+        h0 = None if h0 is None else h0.transpose(1, 0, 2)
+        c0 = None if c0 is None else c0.transpose(1, 0, 2)
+    p = None if P is None else np.asarray(P)
+    return b, h0, c0, p
+
+
+def _check_shapes(
+    op: str, X, x: np.ndarray, hidden: int, layout: int, direction: str, given: dict[str, np.ndarray | None]
+) -> None:
+    """The inputs given (name -> array in layout 0, None: omitted) -> ShapeError at the first whose shape is not
+    the one x [T, N, I], hidden_size and direction ask for."""
+    _, n, i_size = x.shape
+    nd, g = DIRECTIONS[direction], GATES[op]
+    want = {
+        "W": (nd, g * hidden, i_size),
+        "R": (nd, g * hidden, hidden),
+        "B": (nd, 2 * g * hidden),
+        "initial_h": (nd, n, hidden),
+        "initial_c": (nd, n, hidden),
+        "P": (nd, 3 * hidden),
+    }
+    for key, v in given.items():
+        if v is None:
+            continue
+        got, expected = v.shape, want[key]
+        if tuple(got) != expected:
+            shown = expected if layout == 0 or key not in ("initial_h", "initial_c") else (n, nd, hidden)
+            raise ShapeError(
+                f"{op}: input {key} has shape {tuple(got)}; with X {tuple(np.shape(X))}, hidden_size {hidden}, "
+                f"layout {layout} and direction {direction} it must be {shown}"
+            )
+
+
+def _lengths(op: str, sequence_lens, n: int, t_len: int) -> np.ndarray | None:
+    """sequence_lens as given -> the checked lengths [N] (int64), or None when omitted or every sequence is full."""
+    if sequence_lens is None:
+        return None
+    lens = np.asarray(sequence_lens).astype(np.int64).reshape(-1)
+    if lens.shape != (n,) or (lens < 0).any() or (lens > t_len).any():
+        raise ShapeError(
+            f"{op}: input sequence_lens {np.asarray(sequence_lens).tolist()} must hold {n} lengths "
+            f"between 0 and the sequence length {t_len}"
+        )
+    if (lens == t_len).all():
+        return None  # every sequence is full: the fast path, same result
+    return lens
+
+
 def make_spec(
     op: str,
     X,
@@ -260,57 +325,21 @@ def make_spec(
     input_forget=0,
     linear_before_reset=0,
 ) -> Spec:
+    """A recurrent node's inputs and attributes -> its Spec (inputs in layout 0), every one checked."""
     direction = _direction(direction)
     nd = DIRECTIONS[direction]
     if layout not in (0, 1):
         raise UnsupportedError(f"attribute layout={layout} is not 0 or 1")
     x, w, r = (np.asarray(v) for v in (X, W, R))
-    if x.dtype.kind != "f":
-        raise UnsupportedError(f"{op}: input X is {x.dtype}; the op takes float16, float32 or float64")
-    if x.ndim != 3:
-        raise ShapeError(f"{op}: input X has shape {x.shape}; it must be 3-D")
-    if layout == 1:
-        x = x.transpose(1, 0, 2)
-    t_len, n, i_size = x.shape
-    g = GATES[op]
+    x = _layout0_x(op, x, layout)
+    t_len, n, _ = x.shape
     if w.ndim != 3 or r.ndim != 3:
         raise ShapeError(f"{op}: W {w.shape} and R {r.shape} must be 3-D")
     hidden = int(hidden_size) if hidden_size is not None else r.shape[-1]
-    want = {
-        "W": (w.shape, (nd, g * hidden, i_size)),
-        "R": (r.shape, (nd, g * hidden, hidden)),
-    }
-    b = None if B is None else np.asarray(B)
-    if b is not None:
-        want["B"] = (b.shape, (nd, 2 * g * hidden))
-    h0 = None if initial_h is None else np.asarray(initial_h)
-    c0 = None if initial_c is None else np.asarray(initial_c)
-    if layout == 1:
-        h0 = None if h0 is None else h0.transpose(1, 0, 2)
-        c0 = None if c0 is None else c0.transpose(1, 0, 2)
-    for key, v in (("initial_h", h0), ("initial_c", c0)):
-        if v is not None:
-            want[key] = (v.shape, (nd, n, hidden))
-    p = None if P is None else np.asarray(P)
-    if p is not None:
-        want["P"] = (p.shape, (nd, 3 * hidden))
-    for key, (got, expected) in want.items():
-        if tuple(got) != expected:
-            shown = expected if layout == 0 or key not in ("initial_h", "initial_c") else (n, nd, hidden)
-            raise ShapeError(
-                f"{op}: input {key} has shape {tuple(got)}; with X {tuple(np.shape(X))}, hidden_size {hidden}, "
-                f"layout {layout} and direction {direction} it must be {shown}"
-            )
-    lens = None
-    if sequence_lens is not None:
-        lens = np.asarray(sequence_lens).astype(np.int64).reshape(-1)
-        if lens.shape != (n,) or (lens < 0).any() or (lens > t_len).any():
-            raise ShapeError(
-                f"{op}: input sequence_lens {np.asarray(sequence_lens).tolist()} must hold {n} lengths "
-                f"between 0 and the sequence length {t_len}"
-            )
-        if (lens == t_len).all():
-            lens = None  # every sequence is full: the fast path, same result
+    b, h0, c0, p = _optional_inputs(B, initial_h, initial_c, P, layout)
+    given = {"W": w, "R": r, "B": b, "initial_h": h0, "initial_c": c0, "P": p}
+    _check_shapes(op, X, x, hidden, layout, direction, given)
+    lens = _lengths(op, sequence_lens, n, t_len)
     acts = resolve_activations(op, DEFAULT_ACTS[op], nd, activations, activation_alpha, activation_beta)
     return Spec(
         op,
@@ -714,73 +743,16 @@ def backward(spec: Spec, dy, dyh, dyc, noutputs: int):
     mask = _mask(spec)
     for d in range(nd):
         tr = traces[d]
-        m = None if mask is None else _steps_in(spec, d, mask)
-        dy_d = None if dy is None else _steps_in(spec, d, dy[:, d])
-        dh = np.zeros((n, hs), dt) if dyh is None else dyh[d].astype(dt, copy=True)
-        dc = None
-        if spec.op == "LSTM":
-            dc = np.zeros((n, hs), dt) if dyc is None else dyc[d].astype(dt, copy=True)
-        da = np.empty((t_len, n, g * hs), dt)
-        extra_grad = np.empty((t_len, n, hs), dt) if spec.op == "GRU" else None
-        r = spec.r[d]
-        p = spec.p[d] if spec.p is not None else None
-        slopes = _slopes(spec, tr, d)
-        slope_h = spec.acts[d][2].slope(tr.c[1:], tr.extra) if spec.op == "LSTM" else None
-        for t in range(t_len - 1, -1, -1):
-            # the state after step t is h[t+1]; with a mask, a padded step passes its gradient straight through
-            if dy_d is not None:
-                dh_new = dh + dy_d[t]
-            else:
-                dh_new = dh
-            if m is not None:
-                mt = m[t]
-                dh_pass = np.where(mt, 0, dh)
-                dh_new = np.where(mt, dh_new, 0)
-                if dc is not None:
-                    dc_pass = np.where(mt, 0, dc)
-                    dc = np.where(mt, dc, 0)
-            if spec.op == "RNN":
-                np.multiply(dh_new, slopes[t], out=da[t])
-                dh = np.dot(da[t], r)
-            elif spec.op == "LSTM":
-                dh, dc = _lstm_back(spec, tr, t, dh_new, dc, p, r, da[t], slopes[t], slope_h[t])
-            else:
-                dh = _gru_back(spec, tr, t, dh_new, r, da[t], slopes[t], extra_grad[t])
-            if m is not None:
-                dh = dh + dh_pass
-                if dc is not None:
-                    dc = dc + dc_pass
+        da, extra_grad, dh, dc = _back_through_time(spec, d, tr, mask, dy, dyh, dyc)
         dh0[d] = dh
         if dc is not None:
             dc0[d] = dc
         # the GEMMs over all steps
         da2 = da.reshape(t_len * n, g * hs)
-        x_d = _steps_in(spec, d, spec.x)
         dx_d = np.dot(da2, spec.w[d]).reshape(t_len, n, i_size)
         dx += _steps_out(spec, d, dx_d)
         if want_w:
-            dw[d] = np.dot(da2.T, x_d.reshape(t_len * n, i_size))
-            db[d, : g * hs] = da2.sum(axis=0)
-            hprev = tr.h[:-1].reshape(t_len * n, hs)
-            if spec.op == "GRU":
-                dr[d, : 2 * hs] = np.dot(da2[:, : 2 * hs].T, hprev)
-                db[d, g * hs : g * hs + 2 * hs] = da2[:, : 2 * hs].sum(axis=0)
-                eg = extra_grad.reshape(t_len * n, hs)
-                if spec.linear_before_reset:  # extra_grad = d(h R_h^T + Rb_h)
-                    dr[d, 2 * hs :] = np.dot(eg.T, hprev)
-                    db[d, g * hs + 2 * hs :] = eg.sum(axis=0)
-                else:  # extra_grad = d a_h: R_h reads r*h
-                    dr[d, 2 * hs :] = np.dot(eg.T, tr.extra.reshape(t_len * n, hs))
-                    db[d, g * hs + 2 * hs :] = eg.sum(axis=0)
-            else:
-                dr[d] = np.dot(da2.T, hprev)
-                db[d, g * hs :] = db[d, : g * hs]
-            if spec.op == "LSTM" and spec.p is not None:
-                dai, dao, daf = da[..., :hs], da[..., hs : 2 * hs], da[..., 2 * hs : 3 * hs]
-                dp[d, :hs] = (dai * tr.c[:-1]).sum(axis=(0, 1))
-                dp[d, hs : 2 * hs] = (dao * tr.c[1:]).sum(axis=(0, 1))
-                if not spec.input_forget:
-                    dp[d, 2 * hs :] = (daf * tr.c[:-1]).sum(axis=(0, 1))
+            _weight_grads(spec, d, tr, da, extra_grad, dw, dr, db, dp)
     if spec.layout == 1:
         dx = dx.transpose(1, 0, 2)
         dh0 = dh0.transpose(1, 0, 2)
@@ -789,6 +761,87 @@ def backward(spec: Spec, dy, dyh, dyc, noutputs: int):
     if spec.op == "LSTM":
         outs += [np.ascontiguousarray(dc0), dp]
     return tuple(outs[:noutputs]) if noutputs > 1 else outs[0]
+
+
+def _back_through_time(
+    spec: Spec, d: int, tr: Trace, mask: np.ndarray | None, dy, dyh, dyc
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, np.ndarray | None]:
+    """Direction d's trace and the seeds (layout 0) -> (da [T, N, G*H]: the gradient of every step's
+    pre-activations, in processing order; GRU's extra_grad [T, N, H] or None; d initial_h; d initial_c or None)."""
+    t_len, n, _ = spec.x.shape
+    hs, g = spec.hidden, GATES[spec.op]
+    dt = spec.x.dtype
+    m = None if mask is None else _steps_in(spec, d, mask)
+    dy_d = None if dy is None else _steps_in(spec, d, dy[:, d])
+    dh = np.zeros((n, hs), dt) if dyh is None else dyh[d].astype(dt, copy=True)
+    dc = None
+    if spec.op == "LSTM":
+        dc = np.zeros((n, hs), dt) if dyc is None else dyc[d].astype(dt, copy=True)
+    da = np.empty((t_len, n, g * hs), dt)
+    extra_grad = np.empty((t_len, n, hs), dt) if spec.op == "GRU" else None
+    r = spec.r[d]
+    p = spec.p[d] if spec.p is not None else None
+    slopes = _slopes(spec, tr, d)
+    slope_h = spec.acts[d][2].slope(tr.c[1:], tr.extra) if spec.op == "LSTM" else None
+    # the hot path: per step, only the cell's own call; da and extra_grad are filled in place, step by step
+    for t in range(t_len - 1, -1, -1):
+        # the state after step t is h[t+1]; with a mask, a padded step passes its gradient straight through
+        if dy_d is not None:
+            dh_new = dh + dy_d[t]
+        else:
+            dh_new = dh
+        if m is not None:
+            mt = m[t]
+            dh_pass = np.where(mt, 0, dh)
+            dh_new = np.where(mt, dh_new, 0)
+            if dc is not None:
+                dc_pass = np.where(mt, 0, dc)
+                dc = np.where(mt, dc, 0)
+        if spec.op == "RNN":
+            np.multiply(dh_new, slopes[t], out=da[t])
+            dh = np.dot(da[t], r)
+        elif spec.op == "LSTM":
+            dh, dc = _lstm_back(spec, tr, t, dh_new, dc, p, r, da[t], slopes[t], slope_h[t])
+        else:
+            dh = _gru_back(spec, tr, t, dh_new, r, da[t], slopes[t], extra_grad[t])
+        if m is not None:
+            dh = dh + dh_pass
+            if dc is not None:
+                dc = dc + dc_pass
+    return da, extra_grad, dh, dc
+
+
+def _weight_grads(
+    spec: Spec, d: int, tr: Trace, da: np.ndarray, extra_grad: np.ndarray | None, dw, dr, db, dp
+) -> None:
+    """Direction d's da (and GRU's extra_grad) -> its dW, dR, dB (and LSTM's dP) into dw, dr, db, dp, each one
+    GEMM or sum over all steps."""
+    t_len, n, i_size = spec.x.shape
+    hs, g = spec.hidden, GATES[spec.op]
+    da2 = da.reshape(t_len * n, g * hs)
+    x_d = _steps_in(spec, d, spec.x)
+    dw[d] = np.dot(da2.T, x_d.reshape(t_len * n, i_size))
+    db[d, : g * hs] = da2.sum(axis=0)
+    hprev = tr.h[:-1].reshape(t_len * n, hs)
+    if spec.op == "GRU":
+        dr[d, : 2 * hs] = np.dot(da2[:, : 2 * hs].T, hprev)
+        db[d, g * hs : g * hs + 2 * hs] = da2[:, : 2 * hs].sum(axis=0)
+        eg = extra_grad.reshape(t_len * n, hs)
+        if spec.linear_before_reset:  # extra_grad = d(h R_h^T + Rb_h)
+            dr[d, 2 * hs :] = np.dot(eg.T, hprev)
+            db[d, g * hs + 2 * hs :] = eg.sum(axis=0)
+        else:  # extra_grad = d a_h: R_h reads r*h
+            dr[d, 2 * hs :] = np.dot(eg.T, tr.extra.reshape(t_len * n, hs))
+            db[d, g * hs + 2 * hs :] = eg.sum(axis=0)
+    else:
+        dr[d] = np.dot(da2.T, hprev)
+        db[d, g * hs :] = db[d, : g * hs]
+    if spec.op == "LSTM" and spec.p is not None:
+        dai, dao, daf = da[..., :hs], da[..., hs : 2 * hs], da[..., 2 * hs : 3 * hs]
+        dp[d, :hs] = (dai * tr.c[:-1]).sum(axis=(0, 1))
+        dp[d, hs : 2 * hs] = (dao * tr.c[1:]).sum(axis=(0, 1))
+        if not spec.input_forget:
+            dp[d, 2 * hs :] = (daf * tr.c[:-1]).sum(axis=(0, 1))
 
 
 def _slopes(spec: Spec, tr: Trace, d: int) -> np.ndarray:

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from edgetrain.core.errors import EdgeTrainError, ShapeError
+from edgetrain.core.interpreter import compile_step
 from edgetrain.core.ir import DEFAULT_DOMAIN, Graph, GraphBuilder, Node, TensorInfo
 from edgetrain.core.kernels import KERNELS
 from edgetrain.core.ops import PRIVATE_DOMAIN
@@ -64,7 +65,6 @@ class ShapedBuilder(GraphBuilder):
         return outs
 
     def _infer(self, node: Node) -> list[TensorInfo]:
-        from edgetrain.core.interpreter import compile_step
 
         fn, kwargs = compile_step(node)
         g = self.graph

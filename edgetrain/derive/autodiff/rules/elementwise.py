@@ -208,6 +208,14 @@ def _relu_grad_body(g: GradContext, node: Node) -> list[str]:
     return [g.op("Mul", dy, _mask(g, "Greater", y, _c(g, 0.0, y), y))]
 
 
+# y = x - bias if x > lambd, x + bias if x < -lambd, else 0: dx = dy * [|x| > lambd]
+@grad("Shrink")
+def shrink_grad(g: GradContext, node: Node, dys: Grads, needs: list[bool]) -> Grads:
+    x = node.inputs[0]
+    lambd = _c(g, _f32(g.attr(node, "lambd")), x)
+    return [g.op("Mul", dys[0], _mask(g, "Greater", g.op("Abs", x), lambd, x))]
+
+
 # y = x if x > alpha else 0: dx = dy * [x > alpha]
 @grad("ThresholdedRelu")
 def thresholded_relu_grad(g: GradContext, node: Node, dys: Grads, needs: list[bool]) -> Grads:

@@ -10,6 +10,7 @@ import numpy as np
 from edgetrain.core.errors import UnsupportedError
 from edgetrain.core.ir import Node
 from edgetrain.core.kernels.cast import NUMPY_TO_ONNX
+from edgetrain.core.kernels.resize import nearest_index, resize_plan, resize_weights, source_coords
 from edgetrain.derive.autodiff.context import GradContext
 from edgetrain.derive.autodiff.registry import grad
 
@@ -395,7 +396,6 @@ def resize_grad(g: GradContext, node: Node, dys: Grads, needs: list[bool]) -> Gr
 
 def _resize_matrices(g: GradContext, node: Node, xs: tuple[int, ...]) -> list[tuple[int, np.ndarray]]:
     """(axis, W) of every axis the forward resamples, W of shape (n_out, n_in) in float64."""
-    from edgetrain.core.kernels.resize import nearest_index, resize_plan, resize_weights, source_coords
 
     consts = [_const_array(g, node, k, what) for k, what in ((1, "roi"), (2, "scales"), (3, "sizes"))]
     mode, ctm = g.attr(node, "mode"), g.attr(node, "coordinate_transformation_mode")
