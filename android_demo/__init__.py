@@ -17,7 +17,7 @@ __all__ = ["AppError", "BurstResult", "Home"]
 
 def __getattr__(name):  # Home and friends load numpy and edgetrain: only when asked for
     if name in __all__:
-        from . import app
+        from . import app  # start-up: numpy and edgetrain load with it, only when one of these names is used
 
         return getattr(app, name)
     raise AttributeError(name)

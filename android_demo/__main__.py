@@ -9,6 +9,8 @@ import os
 import sys
 from collections.abc import Sequence
 
+from edgetrain.core.errors import EdgeTrainError, UsageError  # imports nothing: numpy is not loaded yet
+
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
 
 
@@ -88,10 +90,10 @@ def _threads(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .app import Home
+    from .app import Home  # numpy loads with it: only now, after main() has set the BLAS thread count
 
     if args.command == "simulate":
-        from .simulate import simulate
+        from .simulate import simulate  # only for simulate: the embedded data's story
 
         result = simulate(
             home=args.home,
@@ -149,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
         st = home.status()
         print(json.dumps(st, allow_nan=False) if args.json else _status_text(st))
     elif args.command == "serve":
-        from .server import serve
+        from .server import serve  # only for serve: the HTTP server and the page
 
         serve(home, port=args.port)
     return 0
@@ -182,10 +184,6 @@ def _status_text(st: dict) -> str:
     return "\n".join(lines)
 
 
-class UsageError(Exception):
-    pass
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -202,12 +200,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:  # one clear line; --debug shows the traceback
         if args.debug:
             raise
-        from edgetrain.core.errors import EdgeTrainError
-        from loaders import DataError
-
-        text = (
-            str(e) if isinstance(e, (EdgeTrainError, DataError, ValueError)) else f"{type(e).__name__}: {e}"
-        )
+        # messages written for users (loaders' DataError is an EdgeTrainError)
+        text = str(e) if isinstance(e, (EdgeTrainError, ValueError)) else f"{type(e).__name__}: {e}"
         print(f"android_demo {args.command}: error: {text}", file=sys.stderr)
         return 1
 

@@ -31,6 +31,7 @@ import numpy as np
 
 import edgetrain as et
 from edgetrain.core.container import atomic_write
+from edgetrain.runtime.feeding import DataOptions, open_feed
 from edgetrain.runtime.trainer import evaluate, session_batch
 from loaders import DataLoader, SampleStore
 
@@ -58,7 +59,7 @@ DEFAULTS = {
 }
 
 
-class AppError(et.EdgeTrainError):
+class AppError(et.ConfigError):
     """A home that does not exist or is not set up, or a request the app cannot carry out; says what to do."""
 
 
@@ -274,8 +275,6 @@ class Home:
     def add_data(self, path: str, *, layout: str | None = None) -> tuple[int, list[str]]:
         """Adds every sample of a data file (anything loaders.open_data reads), fitted to the model's input as
         `edgetrain train` fits it; returns (count, notices)."""
-        from edgetrain.runtime.feeding import DataOptions, open_feed
-
         sess = self._inference()
         feed = open_feed(path, "train", sess, DataOptions(layout=layout))
         n = feed.view.size()
@@ -408,9 +407,8 @@ class Home:
             if max_seconds is not None and losses and time.perf_counter() - t0 >= max_seconds:
                 break
             x, y = loader.next()
-            if (
-                len(x) < batch
-            ):  # padded rows carry the label the loss ignores: the step is exact for the real ones
+            # padded rows carry the label the loss ignores: the step is exact for the real ones
+            if len(x) < batch:
                 pad = batch - len(x)
                 x = np.concatenate([x, np.repeat(x[:1], pad, axis=0)])
                 y = np.concatenate([y, np.full((pad, *y.shape[1:]), ignore, y.dtype)])
@@ -467,8 +465,6 @@ class Home:
     # ---- reports -------------------------------------------------------------------------------------------------
     def evaluate_data(self, path: str, *, layout: str | None = None) -> dict[str, Any]:
         """{"accuracy", "loss", "samples"} of the current model on a data file."""
-        from edgetrain.runtime.feeding import DataOptions, open_feed
-
         sess = self.session()
         feed = open_feed(path, "test", sess, DataOptions(layout=layout))
         batch = session_batch(sess) or 32

@@ -17,6 +17,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
+import edgetrain
 from edgetrain.runtime.trainer import evaluate, session_batch
 from loaders import DataLoader, MnistDataView, SubsetView
 
@@ -30,8 +31,6 @@ NEW_USER = os.path.join(os.path.dirname(HERE), "edgetrain", "data", "newuser")
 def _new_user() -> tuple[MnistDataView, MnistDataView]:
     folder = NEW_USER
     if not os.path.isdir(folder):  # installed as a wheel: edgetrain's package data
-        import edgetrain
-
         folder = os.path.join(os.path.dirname(edgetrain.__file__), "data", "newuser")
     user = MnistDataView(
         os.path.join(folder, "train-images-idx3-ubyte.gz"), os.path.join(folder, "train-labels-idx1-ubyte.gz")

@@ -24,6 +24,7 @@ from .core.errors import (
     ShapeError,
     StorageError,
     UnsupportedError,
+    UsageError,
 )
 
 __version__ = "0.1.0"
@@ -69,6 +70,7 @@ __all__ = [
     "StepLR",
     "WarmupLR",
     "UnsupportedError",
+    "UsageError",
     "__version__",
     "convert",
     "import_model",

@@ -15,7 +15,16 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from loaders import DataLoader, MnistDataView
+
 from .core.errors import ConfigError
+from .derive.losses import CrossEntropyLoss
+from .derive.optimizers import SGD
+from .derive.pipeline import convert
+from .runtime import InferenceSession, TrainingSession
+from .runtime.progress import TrainProgress, duration, percent
+from .runtime.threads import blas_threads
+from .runtime.trainer import Trainer
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 BASE_MODEL = os.path.join(DATA, "digits_lenet.onnx")  # the default model's
@@ -96,7 +105,7 @@ def _count(session) -> int:
 def _check_with_onnxruntime(path: str, x: np.ndarray, y: np.ndarray, reference: np.ndarray):
     """(accuracy, max |diff| against edgetrain's output) of the exported model under onnxruntime, or Nones."""
     try:
-        import onnxruntime as ort
+        import onnxruntime as ort  # optional: the exported models are checked only where it is installed
     except ImportError:
         return None, None
     opts = ort.SessionOptions()
@@ -108,8 +117,8 @@ def _check_with_onnxruntime(path: str, x: np.ndarray, y: np.ndarray, reference: 
 
 def _recurrent_weights(path: str, op: str) -> tuple[int, dict[str, np.ndarray]]:
     """(how many `op` nodes the ONNX model holds, the initializers they read (W, R, B) by name)."""
-    import onnx
-    from onnx import numpy_helper
+    import onnx  # build side: the demo needs onnx; importing this module does not
+    from onnx import numpy_helper  # as above
 
     graph = onnx.load(path).graph
     nodes = [n for n in graph.node if n.op_type == op]
@@ -119,10 +128,10 @@ def _recurrent_weights(path: str, op: str) -> tuple[int, dict[str, np.ndarray]]:
 
 def _plot(path: str, result: DemoResult) -> str | None:
     try:
-        import matplotlib
+        import matplotlib  # optional: the demo plots only when matplotlib is installed
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # optional, as above
     except ImportError:
         return None
     fig, (acc_ax, loss_ax) = plt.subplots(1, 2, figsize=(10, 3.8))
@@ -182,7 +191,7 @@ def run_demo(
     # second BLAS thread on an idle 2-core x86-64, and ran 4 times slower with two on a busy one (15 s against
     # 3.7 s for head-only's 100 steps, with 4 times the CPU time). The process's setting is restored after.
     with _blas_threads(1 if MODELS[model].recurrent else None):
-        return _story(
+        return _tell_story(
             out_dir,
             model,
             epochs=epochs,
@@ -199,8 +208,6 @@ def _blas_threads(n: int | None):
     if n is None:
         yield
         return
-    from .runtime.threads import blas_threads
-
     before, _ = blas_threads()
     blas_threads(n)
     try:
@@ -210,7 +217,7 @@ def _blas_threads(n: int | None):
             blas_threads(before)
 
 
-def _story(
+def _tell_story(
     out_dir: str,
     model: str,
     *,
@@ -220,163 +227,19 @@ def _story(
     progress_stream: TextIO | None,
     seed: int,
 ) -> DemoResult:
-    import edgetrain as et
-    from loaders import DataLoader, MnistDataView
-
-    from .runtime.progress import TrainProgress, duration, percent
-
-    out = stream if stream is not None else sys.stdout
+    """The scenes in order -> the result, also written to out_dir/summary.json."""
     t_start = time.perf_counter()
-    spec = MODELS[model]
-    base_path = os.path.join(DATA, spec.file)
-
-    def say(text: str = "") -> None:
-        out.write(text + "\n")
-        out.flush()
-
-    os.makedirs(out_dir, exist_ok=True)
-    original = MnistDataView.from_dir(BASE_DIGITS, "test")
-    base_train = MnistDataView.from_dir(BASE_DIGITS, "train")
-    user_train = MnistDataView.from_dir(NEW_USER, "train")
-    user_held = MnistDataView.from_dir(NEW_USER, "test")
-    xo, yo = original.get_batch(np.arange(original.size()))
-    xu, yu = user_held.get_batch(np.arange(user_held.size()))
-
-    say("edgetrain demo: personalizing a handwriting model on the device")
-    say("")
-    what = f"  base model  {spec.file}: {spec.description},"
-    trained = f"trained by edgetrain on {base_train.size():,} UCI handwritten digits"
-    if len(what) + 1 + len(trained) <= 110:
-        say(f"{what} {trained}")
-    else:
-        say(what)
-        say(f"              {trained}")
-    say(f"  new user    writes digits {USER_STYLE};")
-    say(f"              {user_train.size()} samples to learn from, {user_held.size()} held out to measure")
-    say("")
-
-    base = et.InferenceSession(base_path)
-    (p_user,) = base.run(None, {"image": xu})
-    (p_orig,) = base.run(None, {"image": xo})
-    base_user, base_orig = _accuracy(p_user, yu), _accuracy(p_orig, yo)
-    say(
-        f"[1/4] the base model reads the new user's digits with {percent(base_user)} accuracy "
-        f"({percent(base_orig)} on the handwriting it learned)"
-    )
-
-    t0 = time.perf_counter()
-    paths = {}
-    program_ops = {}  # variant -> the op types of its training program
-    for name, cfg in VARIANTS.items():
-        art = et.convert(
-            base_path,
-            loss=et.CrossEntropyLoss(),
-            optimizer=et.SGD(lr=cfg["lr"], momentum=0.9, weight_decay=5e-4),
-            trainable=[f"{spec.head}.*"] if cfg["head_only"] else None,
-            batch_size=BATCH,
-        )
-        paths[name] = os.path.join(out_dir, f"{name}.etrain")
-        art.save(paths[name])
-        program_ops[name] = {n.op_type for n in art.graph.nodes}
-    say(
-        f"[2/4] converted it into two training programs (.etrain), head-only ({spec.head}) and full, "
-        f"in {duration(time.perf_counter() - t0)}"
-    )
-    if spec.recurrent:
-        grad = f"{spec.recurrent}Grad"  # the recurrence's fused backward: back through time in one op
-        head_has, full_has = grad in program_ops["head-only"], grad in program_ops["full"]
-        say(
-            f"      head-only {'still goes back through' if head_has else 'has no backward through'} the "
-            f"{spec.recurrent}; full {'goes back through' if full_has else 'does NOT go back through'} it, "
-            f"all {xu.shape[2]} steps"
-        )
-
-    say(
-        f"[3/4] fine-tuning on the device: {epochs} epochs of the user's {user_train.size()} samples, "
-        f"batch {BATCH}, SGD with momentum" + (", one BLAS thread" if spec.recurrent else "")
-    )
-    variants: dict[str, VariantResult] = {}
-    sessions = {}
-    user_probs = {}  # each personalized model's outputs on the user's held-out digits
-    for name in VARIANTS:
-        sess = sessions[name] = et.TrainingSession(paths[name])
-        loader = DataLoader(user_train, BATCH, shuffle=True, seed=seed)
-        bar = TrainProgress(
-            epochs * len(loader), BATCH, label=f"      {name:9s}", stream=progress_stream, epoch_lines=False
-        )
-        trainer = et.Trainer(
-            sess,
-            loader,
-            val_loader=DataLoader(user_held, BATCH),
-            epochs=epochs,
-            checkpoint=os.path.join(out_dir, f"{name}.etck"),
-            progress=bar,
-        )
-        t0 = time.perf_counter()
-        result = trainer.fit()
-        bar.close()
-        seconds = time.perf_counter() - t0
-        user_probs[name] = sess.run(xu)
-        variants[name] = VariantResult(
-            name=name,
-            trainable=_count(sess),
-            user_accuracy=_accuracy(user_probs[name], yu),
-            original_accuracy=_accuracy(sess.run(xo), yo),
-            train_seconds=seconds,
-            steps=result.steps,
-            onnx_path="",
-            onnxruntime_accuracy=None,
-            onnxruntime_max_diff=None,
-            curve=result.history,
-        )
-        say(
-            f"      {name:9s} {result.steps} steps in {duration(seconds)}: "
-            f"{percent(base_user)} -> {percent(variants[name].user_accuracy)} on the new user's held-out digits"
-        )
-
-    t0 = time.perf_counter()
-    checked = []
-    for name, v in variants.items():
-        v.onnx_path = os.path.join(out_dir, f"personalized-{name}.onnx")
-        sessions[name].export_onnx(v.onnx_path)
-        v.onnxruntime_accuracy, v.onnxruntime_max_diff = _check_with_onnxruntime(
-            v.onnx_path, xu, yu, user_probs[name]
-        )
-        if v.onnxruntime_accuracy is not None:
-            checked.append(v)
-    if checked:
-        worst = max(v.onnxruntime_max_diff for v in checked)
-        same = all(v.onnxruntime_accuracy == v.user_accuracy for v in checked)
-        say(
-            f"[4/4] exported the personalized models to ONNX; onnxruntime runs them "
-            f"{'with the same accuracy' if same else 'with a DIFFERENT accuracy'} "
-            f"(largest probability difference {worst:.1e}), in {duration(time.perf_counter() - t0)}"
-        )
-    else:
-        say("[4/4] exported the personalized models to ONNX (onnxruntime is not installed: not checked)")
-    if spec.recurrent:
-        _, shipped = _recurrent_weights(base_path, spec.recurrent)
-        kept, changed = [], {}
-        for name, v in variants.items():
-            count, mine = _recurrent_weights(v.onnx_path, spec.recurrent)
-            kept.append(count)
-            changed[name] = [k for k in shipped if not np.array_equal(mine.get(k), shipped[k])]
-        weights = "; ".join(
-            f"{name}'s {', '.join(c) + ' trained' if c else 'weights as shipped'}"
-            for name, c in changed.items()
-        )
-        if set(kept) == {1}:
-            say(f"      the {spec.recurrent} stays one ONNX node: {weights}")
-        else:
-            say(
-                f"      {spec.recurrent} nodes in the exported models: {kept} (the base model has one); {weights}"
-            )
-
+    story = _Story(out_dir, model, epochs=epochs, seed=seed, stream=stream, progress_stream=progress_stream)
+    story.introduce()
+    base_user, base_orig = story.measure_base()
+    paths = story.convert_variants()
+    variants, sessions, user_probs = story.fine_tune(paths, base_user)
+    story.export(variants, sessions, user_probs)
     demo = DemoResult(
         base_user_accuracy=base_user,
         base_original_accuracy=base_orig,
-        user_train_samples=user_train.size(),
-        user_heldout_samples=user_held.size(),
+        user_train_samples=story.user_train.size(),
+        user_heldout_samples=story.user_held.size(),
         epochs=epochs,
         variants=variants,
         seconds=0.0,
@@ -386,43 +249,254 @@ def _story(
     )
     if plot:
         demo.plot = _plot(os.path.join(out_dir, "curves.png"), demo)
-
-    say("")
-    rows = [("", "new user", "original", "trainable", "time")]
-    rows.append(("", "(held out)", "handwriting", "parameters", ""))
-    rows.append(("base model", percent(base_user), percent(base_orig), "-", "-"))
-    for name, v in variants.items():
-        rows.append(
-            (
-                f"{name} fine-tuning",
-                percent(v.user_accuracy),
-                percent(v.original_accuracy),
-                f"{v.trainable:,}",
-                duration(v.train_seconds),
-            )
-        )
-    widths = [max(len(r[k]) for r in rows) for k in range(5)]
-    for k, r in enumerate(rows):
-        say("  " + r[0].ljust(widths[0]) + "".join("   " + c.rjust(w) for c, w in zip(r[1:], widths[1:])))
-        if k == 1:
-            say("  " + "-" * (sum(widths) + 3 * 4))
-    say("")
-    for v in variants.values():
-        extra = (
-            "" if v.onnxruntime_accuracy is None else f"  (onnxruntime: {percent(v.onnxruntime_accuracy)})"
-        )
-        say(f"  {v.name + ' model':16s} {v.onnx_path}{extra}")
-    if demo.plot:
-        say(f"  {'training curves':16s} {demo.plot}")
-    elif plot:
-        say("  (pip install matplotlib to get a plot of the training curves)")
+    story.table(demo)
+    story.files(demo, plot)
     demo.seconds = time.perf_counter() - t_start
-    with open(os.path.join(out_dir, "summary.json"), "w", encoding="utf-8") as f:
-        f.write(demo.to_json() + "\n")
-    say(f"  {'summary':16s} {os.path.join(out_dir, 'summary.json')}")
-    say("")
-    say(
-        f"done in {duration(demo.seconds)}. Try the same on your own data: edgetrain convert MODEL.onnx, "
-        "edgetrain train ... --data DIR"
-    )
+    story.finish(demo)
     return demo
+
+
+class _Story:
+    """One telling of the demo: the base model, the user's and the original digits, the folder it writes to, and a
+    method per scene, each printing its lines."""
+
+    def __init__(
+        self,
+        out_dir: str,
+        model: str,
+        *,
+        epochs: int,
+        seed: int,
+        stream: TextIO | None,
+        progress_stream: TextIO | None,
+    ):
+        self.out = stream if stream is not None else sys.stdout
+        self.out_dir, self.epochs, self.seed, self.progress_stream = out_dir, epochs, seed, progress_stream
+        self.spec = MODELS[model]
+        self.base_path = os.path.join(DATA, self.spec.file)
+        os.makedirs(out_dir, exist_ok=True)
+        self.original = MnistDataView.from_dir(BASE_DIGITS, "test")
+        self.base_train = MnistDataView.from_dir(BASE_DIGITS, "train")
+        self.user_train = MnistDataView.from_dir(NEW_USER, "train")
+        self.user_held = MnistDataView.from_dir(NEW_USER, "test")
+        self.xo, self.yo = self.original.get_batch(np.arange(self.original.size()))
+        self.xu, self.yu = self.user_held.get_batch(np.arange(self.user_held.size()))
+
+    def say(self, text: str = "") -> None:
+        self.out.write(text + "\n")
+        self.out.flush()
+
+    def introduce(self) -> None:
+        """The title, the base model and the new user."""
+        say, spec = self.say, self.spec
+        say("edgetrain demo: personalizing a handwriting model on the device")
+        say("")
+        what = f"  base model  {spec.file}: {spec.description},"
+        trained = f"trained by edgetrain on {self.base_train.size():,} UCI handwritten digits"
+        if len(what) + 1 + len(trained) <= 110:
+            say(f"{what} {trained}")
+        else:
+            say(what)
+            say(f"              {trained}")
+        say(f"  new user    writes digits {USER_STYLE};")
+        say(
+            f"              {self.user_train.size()} samples to learn from, {self.user_held.size()} held out to measure"
+        )
+        say("")
+
+    def measure_base(self) -> tuple[float, float]:
+        """[1/4] -> the base model's accuracy on the user's held-out digits and on the handwriting it learned."""
+        base = InferenceSession(self.base_path)
+        (p_user,) = base.run(None, {"image": self.xu})
+        (p_orig,) = base.run(None, {"image": self.xo})
+        base_user, base_orig = _accuracy(p_user, self.yu), _accuracy(p_orig, self.yo)
+        self.say(
+            f"[1/4] the base model reads the new user's digits with {percent(base_user)} accuracy "
+            f"({percent(base_orig)} on the handwriting it learned)"
+        )
+        return base_user, base_orig
+
+    def convert_variants(self) -> dict[str, str]:
+        """[2/4] the base model -> a training artifact (.etrain) per variant -> their paths."""
+        spec = self.spec
+        t0 = time.perf_counter()
+        paths = {}
+        program_ops = {}  # variant -> the op types of its training program
+        for name, cfg in VARIANTS.items():
+            art = convert(
+                self.base_path,
+                loss=CrossEntropyLoss(),
+                optimizer=SGD(lr=cfg["lr"], momentum=0.9, weight_decay=5e-4),
+                trainable=[f"{spec.head}.*"] if cfg["head_only"] else None,
+                batch_size=BATCH,
+            )
+            paths[name] = os.path.join(self.out_dir, f"{name}.etrain")
+            art.save(paths[name])
+            program_ops[name] = {n.op_type for n in art.graph.nodes}
+        self.say(
+            f"[2/4] converted it into two training programs (.etrain), head-only ({spec.head}) and full, "
+            f"in {duration(time.perf_counter() - t0)}"
+        )
+        if spec.recurrent:
+            grad = f"{spec.recurrent}Grad"  # the recurrence's fused backward: back through time in one op
+            head_has, full_has = grad in program_ops["head-only"], grad in program_ops["full"]
+            self.say(
+                f"      head-only {'still goes back through' if head_has else 'has no backward through'} the "
+                f"{spec.recurrent}; full {'goes back through' if full_has else 'does NOT go back through'} it, "
+                f"all {self.xu.shape[2]} steps"
+            )
+        return paths
+
+    def fine_tune(self, paths: dict[str, str], base_user: float):
+        """[3/4] each artifact trained on the user's samples -> (the variants' results, their sessions, their
+        outputs on the user's held-out digits)."""
+        self.say(
+            f"[3/4] fine-tuning on the device: {self.epochs} epochs of the user's {self.user_train.size()} samples, "
+            f"batch {BATCH}, SGD with momentum" + (", one BLAS thread" if self.spec.recurrent else "")
+        )
+        variants: dict[str, VariantResult] = {}
+        sessions = {}
+        user_probs = {}  # each personalized model's outputs on the user's held-out digits
+        for name in VARIANTS:
+            sess = sessions[name] = TrainingSession(paths[name])
+            variants[name], user_probs[name] = self._fine_tune_one(name, sess)
+            self.say(
+                f"      {name:9s} {variants[name].steps} steps in {duration(variants[name].train_seconds)}: "
+                f"{percent(base_user)} -> {percent(variants[name].user_accuracy)} on the new user's held-out digits"
+            )
+        return variants, sessions, user_probs
+
+    def _fine_tune_one(self, name: str, sess: TrainingSession) -> tuple[VariantResult, np.ndarray]:
+        """One variant's training, with its progress bar -> (its result, its outputs on the held-out digits)."""
+        loader = DataLoader(self.user_train, BATCH, shuffle=True, seed=self.seed)
+        bar = TrainProgress(
+            self.epochs * len(loader),
+            BATCH,
+            label=f"      {name:9s}",
+            stream=self.progress_stream,
+            epoch_lines=False,
+        )
+        trainer = Trainer(
+            sess,
+            loader,
+            val_loader=DataLoader(self.user_held, BATCH),
+            epochs=self.epochs,
+            checkpoint=os.path.join(self.out_dir, f"{name}.etck"),
+            progress=bar,
+        )
+        t0 = time.perf_counter()
+        result = trainer.fit()
+        bar.close()
+        seconds = time.perf_counter() - t0
+        user_probs = sess.run(self.xu)
+        variant = VariantResult(
+            name=name,
+            trainable=_count(sess),
+            user_accuracy=_accuracy(user_probs, self.yu),
+            original_accuracy=_accuracy(sess.run(self.xo), self.yo),
+            train_seconds=seconds,
+            steps=result.steps,
+            onnx_path="",
+            onnxruntime_accuracy=None,
+            onnxruntime_max_diff=None,
+            curve=result.history,
+        )
+        return variant, user_probs
+
+    def export(self, variants: dict[str, VariantResult], sessions, user_probs) -> None:
+        """[4/4] each personalized model -> ONNX, run by onnxruntime where it is installed (fills in the variants'
+        onnx fields)."""
+        t0 = time.perf_counter()
+        checked = []
+        for name, v in variants.items():
+            v.onnx_path = os.path.join(self.out_dir, f"personalized-{name}.onnx")
+            sessions[name].export_onnx(v.onnx_path)
+            v.onnxruntime_accuracy, v.onnxruntime_max_diff = _check_with_onnxruntime(
+                v.onnx_path, self.xu, self.yu, user_probs[name]
+            )
+            if v.onnxruntime_accuracy is not None:
+                checked.append(v)
+        if checked:
+            worst = max(v.onnxruntime_max_diff for v in checked)
+            same = all(v.onnxruntime_accuracy == v.user_accuracy for v in checked)
+            self.say(
+                f"[4/4] exported the personalized models to ONNX; onnxruntime runs them "
+                f"{'with the same accuracy' if same else 'with a DIFFERENT accuracy'} "
+                f"(largest probability difference {worst:.1e}), in {duration(time.perf_counter() - t0)}"
+            )
+        else:
+            self.say(
+                "[4/4] exported the personalized models to ONNX (onnxruntime is not installed: not checked)"
+            )
+        if self.spec.recurrent:
+            self._recurrent_weights_note(variants)
+
+    def _recurrent_weights_note(self, variants: dict[str, VariantResult]) -> None:
+        """Whether the recurrence stayed one ONNX node in the exported models, and which of its weights trained."""
+        op = self.spec.recurrent
+        _, shipped = _recurrent_weights(self.base_path, op)
+        kept, changed = [], {}
+        for name, v in variants.items():
+            count, mine = _recurrent_weights(v.onnx_path, op)
+            kept.append(count)
+            changed[name] = [k for k in shipped if not np.array_equal(mine.get(k), shipped[k])]
+        weights = "; ".join(
+            f"{name}'s {', '.join(c) + ' trained' if c else 'weights as shipped'}"
+            for name, c in changed.items()
+        )
+        if set(kept) == {1}:
+            self.say(f"      the {op} stays one ONNX node: {weights}")
+        else:
+            self.say(f"      {op} nodes in the exported models: {kept} (the base model has one); {weights}")
+
+    def table(self, demo: DemoResult) -> None:
+        """The summary table: accuracy on the user's and on the original handwriting, trainable parameters, time."""
+        rows = [("", "new user", "original", "trainable", "time")]
+        rows.append(("", "(held out)", "handwriting", "parameters", ""))
+        rows.append(
+            ("base model", percent(demo.base_user_accuracy), percent(demo.base_original_accuracy), "-", "-")
+        )
+        for name, v in demo.variants.items():
+            rows.append(
+                (
+                    f"{name} fine-tuning",
+                    percent(v.user_accuracy),
+                    percent(v.original_accuracy),
+                    f"{v.trainable:,}",
+                    duration(v.train_seconds),
+                )
+            )
+        widths = [max(len(r[k]) for r in rows) for k in range(5)]
+        self.say("")
+        for k, r in enumerate(rows):
+            self.say(
+                "  " + r[0].ljust(widths[0]) + "".join("   " + c.rjust(w) for c, w in zip(r[1:], widths[1:]))
+            )
+            if k == 1:
+                self.say("  " + "-" * (sum(widths) + 3 * 4))
+        self.say("")
+
+    def files(self, demo: DemoResult, plot: bool) -> None:
+        """The personalized models and the plot, where they are."""
+        for v in demo.variants.values():
+            extra = (
+                ""
+                if v.onnxruntime_accuracy is None
+                else f"  (onnxruntime: {percent(v.onnxruntime_accuracy)})"
+            )
+            self.say(f"  {v.name + ' model':16s} {v.onnx_path}{extra}")
+        if demo.plot:
+            self.say(f"  {'training curves':16s} {demo.plot}")
+        elif plot:
+            self.say("  (pip install matplotlib to get a plot of the training curves)")
+
+    def finish(self, demo: DemoResult) -> None:
+        """summary.json, and the closing line."""
+        with open(os.path.join(self.out_dir, "summary.json"), "w", encoding="utf-8") as f:
+            f.write(demo.to_json() + "\n")
+        self.say(f"  {'summary':16s} {os.path.join(self.out_dir, 'summary.json')}")
+        self.say("")
+        self.say(
+            f"done in {duration(demo.seconds)}. Try the same on your own data: edgetrain convert MODEL.onnx, "
+            "edgetrain train ... --data DIR"
+        )

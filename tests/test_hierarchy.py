@@ -28,6 +28,7 @@ KINDS = [
     (et.ShapeError, ValueError),
     (et.RebatchError, ValueError),
     (et.ConfigError, ValueError),
+    (et.UsageError, ValueError),
     (et.FeedError, ValueError),
     (et.ArtifactError, ValueError),
     (et.ArtifactLimitError, MemoryError),

@@ -1,7 +1,7 @@
 """The architecture as a static contract: the import contracts of pyproject.toml ([tool.importlinter]) hold on the
 code (checked by import-linter, as tools/test.sh does), and they break when an import crosses a layer (the same
 linter run on a copy of the code with one forbidden import added); the package has no import cycle, function-level
-imports included; and an import inside a function says why it is there."""
+imports included; an import inside a function says why it is there; and functions fit on a screen."""
 
 from __future__ import annotations
 
@@ -180,3 +180,19 @@ def test_an_import_inside_a_function_says_why():
 def test_the_reason_check_sees_imports_inside_functions():
     source = "import os\n\ndef f():\n    import json\n    from . import x  # optional: x needs y\n"
     assert [line for line, _ in _function_imports(source)] == [4, 5]
+
+
+def test_functions_fit_on_a_screen():
+    """No function of the package is longer than 80 lines (CONTRIBUTING.md, style)."""
+    long = []
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            for fn in ast.walk(ast.parse(path.read_text())):
+                if (
+                    isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+                    and fn.end_lineno - fn.lineno >= 80
+                ):
+                    long.append(
+                        f"{path.relative_to(ROOT)}:{fn.lineno} {fn.name}: {fn.end_lineno - fn.lineno + 1}"
+                    )
+    assert long == [], "\n".join(long)

@@ -1,49 +1,51 @@
 """The build-side commands: convert (ONNX model -> training artifact), check, inspect, export, demo. convert, check,
-export and demo need onnx; inspect needs numpy alone."""
+export and demo need onnx; inspect needs numpy alone, so this module imports the build side (the converter, the
+trainability check, the demo, onnxruntime) only inside the commands that use it."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
 from typing import Any
 
-from edgetrain.core.errors import EdgeTrainError, RebatchError, StorageError
-from edgetrain.runtime.progress import duration
+import numpy as np
 
-from .common import UsageError, load_weights, mb, open_session, plural
+from edgetrain.core.container import atomic_write, inspect_container
+from edgetrain.core.errors import EdgeTrainError, RebatchError, StorageError, UsageError
+from edgetrain.runtime.describe import describe, summary
+from edgetrain.runtime.progress import duration, mb
 
-LOSSES = {"cross-entropy": "CrossEntropyLoss", "mse": "MSELoss", "l1": "L1Loss", "bce": "BCEWithLogitsLoss"}
-
-
-DEFAULT_LR = {"sgd": 0.01, "adam": 0.001, "adamw": 0.001}
+from .common import load_weights, open_session, plural
+from .names import DEFAULT_LR, LOSSES
 
 
 def _make_loss(args: argparse.Namespace):
-    import edgetrain as et
-
     if args.label_smoothing and args.loss != "cross-entropy":
         raise UsageError("--label-smoothing applies to --loss cross-entropy only")
+    from edgetrain.derive import losses  # build side: loaded only for convert
+
     if args.loss == "cross-entropy":
-        return et.CrossEntropyLoss(label_smoothing=args.label_smoothing or 0.0)
-    return getattr(et, LOSSES[args.loss])()
+        return losses.CrossEntropyLoss(label_smoothing=args.label_smoothing or 0.0)
+    return getattr(losses, LOSSES[args.loss])()
 
 
 def _make_optimizer(args: argparse.Namespace):
-    import edgetrain as et
+    from edgetrain.derive.optimizers import SGD, Adam, AdamW  # build side: loaded only for convert
 
     lr = DEFAULT_LR[args.optimizer] if args.lr is None else args.lr
     clip = {"clip_grad_norm": args.clip_grad_norm} if args.clip_grad_norm is not None else {}
     if args.optimizer == "sgd":
         momentum = 0.9 if args.momentum is None else args.momentum
-        return et.SGD(
+        return SGD(
             lr=lr, momentum=momentum, weight_decay=args.weight_decay or 0.0, nesterov=args.nesterov, **clip
         )
     for flag, value in (("--momentum", args.momentum), ("--nesterov", args.nesterov or None)):
         if value is not None:
             raise UsageError(f"{flag} applies to --optimizer sgd only (Adam and AdamW have betas instead)")
-    cls = et.Adam if args.optimizer == "adam" else et.AdamW
+    cls = Adam if args.optimizer == "adam" else AdamW
     wd = args.weight_decay if args.weight_decay is not None else (0.01 if args.optimizer == "adamw" else 0.0)
     return cls(lr=lr, weight_decay=wd, **clip)
 
@@ -56,13 +58,10 @@ def _config_text(cfg: dict[str, Any]) -> str:
 
 
 def run_convert(args: argparse.Namespace) -> int:
-    import numpy as np
-
-    import edgetrain as et
-    from edgetrain.core.container import inspect_container
-
     if not os.path.isfile(args.model):
         raise EdgeTrainError(f"{args.model}: no such file (convert takes an ONNX inference model)")
+    from edgetrain.derive.pipeline import convert  # build side: loaded once there is a model to convert
+
     loss, optimizer = _make_loss(args), _make_optimizer(args)
     out = args.output or os.path.splitext(args.model)[0] + ".etrain"
     if sys.stderr.isatty():  # a status line while it works (seconds for large models); logs get the summary
@@ -73,12 +72,12 @@ def run_convert(args: argparse.Namespace) -> int:
     options = dict(loss=loss, optimizer=optimizer, trainable=args.trainable, output=args.model_output)
     fallback = None
     try:
-        art = et.convert(args.model, batch_size=args.batch_size or 32, **options)
+        art = convert(args.model, batch_size=args.batch_size or 32, **options)
     except RebatchError as e:
         if args.batch_size is not None:
             raise
         # --batch-size was not given: a model whose fixed batch cannot be moved trains at that batch
-        art = et.convert(args.model, batch_size=None, **options)
+        art = convert(args.model, batch_size=None, **options)
         fallback = f"kept the model's fixed batch: {e}"
     size = art.save(out)
     seconds = time.perf_counter() - t0
@@ -104,8 +103,6 @@ def run_convert(args: argparse.Namespace) -> int:
         f"memory plan {mb(plan.get('arena_size', 0))} (lower bound {mb(plan.get('lower_bound', 0))})"
     )
     if args.emit_onnx:
-        from edgetrain.core.container import atomic_write
-
         model = art.training_onnx()
         atomic_write(args.emit_onnx, model.SerializeToString())
         print(f"  step ONNX   {args.emit_onnx} (one training step in standard ONNX; onnxruntime runs it)")
@@ -114,7 +111,7 @@ def run_convert(args: argparse.Namespace) -> int:
 
 
 def run_check(args: argparse.Namespace) -> int:
-    from edgetrain.derive.check import check, ops_text
+    from edgetrain.derive.check import check, ops_text  # build side: needs onnx (inspect must not)
 
     if getattr(args, "ops", False):
         print(ops_text())
@@ -129,11 +126,7 @@ def run_check(args: argparse.Namespace) -> int:
 
 
 def run_inspect(args: argparse.Namespace) -> int:
-    from edgetrain.runtime.describe import describe, summary
-
     if getattr(args, "json", False):
-        import json
-
         print(json.dumps(summary(args.file), indent=1, default=str))
     else:
         print(describe(args.file))
@@ -141,8 +134,6 @@ def run_inspect(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    import numpy as np
-
     sess = open_session(args.artifact)
     which = load_weights(sess, args.checkpoint, args.artifact)
     sess.export_onnx(args.output)
@@ -150,7 +141,7 @@ def run_export(args: argparse.Namespace) -> int:
     if args.no_check:
         return 0
     try:
-        import onnxruntime as ort
+        import onnxruntime as ort  # optional: the check is skipped without it
     except ImportError:
         print("  not checked: onnxruntime is not installed (pip install onnxruntime)")
         return 0
@@ -171,8 +162,6 @@ def run_export(args: argparse.Namespace) -> int:
 def _random_batch(arg, sess):
     """A random batch the exported model accepts: of its own fixed batch, or 2 for a symbolic one; token ids are
     0 (a valid index whatever the vocabulary)."""
-    import numpy as np
-
     info = sess.artifact.program.values[sess.artifact.io["data_inputs"][0]]
     batch = arg.shape[0] if arg.shape and isinstance(arg.shape[0], int) else 2
     shape = (batch, *info.shape[1:])
@@ -182,14 +171,12 @@ def _random_batch(arg, sess):
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    from edgetrain import demo
+    from edgetrain import demo  # build side: the demo converts (onnx) and loads the converter
 
     if args.epochs < 1:
         raise UsageError(f"--epochs must be a positive integer, got {args.epochs}")
     result = demo.run_demo(args.out, model=args.model, epochs=args.epochs, plot=not args.no_plot)
     if args.json:
-        from edgetrain.core.container import atomic_write
-
         try:
             atomic_write(args.json, (result.to_json() + "\n").encode("utf-8"))
         except OSError as e:

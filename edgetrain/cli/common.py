@@ -1,15 +1,12 @@
-"""What the command line's commands share (standard library only): the usage error, number formatting, default
-file names, and opening an artifact with or without its trained weights."""
+"""What the command line's commands share: counts in words, default file names, and opening an artifact with or
+without its trained weights. (The usage error is edgetrain.core.errors.UsageError; the number formatting lives
+with the progress lines, edgetrain.runtime.progress.)"""
 
 from __future__ import annotations
 
 import os
 
-from edgetrain.runtime.progress import mb  # noqa: F401  (the command line's number formatting lives with the progress lines)
-
-
-class UsageError(Exception):
-    """Arguments that cannot work together: exit code 2, like argparse's own errors."""
+from edgetrain.runtime import TrainingSession
 
 
 def plural(n: int, what: str) -> str:
@@ -21,13 +18,8 @@ def default_checkpoint(artifact: str) -> str:
     return (root if ext == ".etrain" else artifact) + ".etck"
 
 
-def open_session(artifact: str):
-    import edgetrain as et
-
-    return et.TrainingSession(artifact)
-
-
-# Options of `train` that a checkpoint records and --resume restores: dest -> default when neither given nor recorded.
+def open_session(artifact: str) -> TrainingSession:
+    return TrainingSession(artifact)
 
 
 def load_weights(sess, checkpoint: str | None, artifact: str) -> str:

@@ -1,7 +1,8 @@
 """`edgetrain federate`: an artifact and a dataset -> a real Flower federation on 127.0.0.1 (one superlink, K
 supernodes, each a device with its own share of the data and its own home), FedAvg rounds with optional personal
 layers and central differential privacy, then DIR/summary.json, DIR/global.etck, DIR/global.onnx and
-DIR/accuracy.png; a line per round while it runs, a readable summary at the end; every process stopped after."""
+DIR/accuracy.png; a line per round while it runs, a readable summary at the end; every process stopped after.
+(The command's arguments are in edgetrain.cli.parser.)"""
 
 from __future__ import annotations
 
@@ -12,44 +13,15 @@ import sys
 import time
 from typing import Any
 
-from edgetrain.core.errors import EdgeTrainError
+import numpy as np
+
+from edgetrain.core.errors import EdgeTrainError, UsageError
+from edgetrain.federated.common import partition
+from edgetrain.federated.deploy import APP_DIR, Deployment
+from edgetrain.runtime.feeding import DataOptions, open_feed
 from edgetrain.runtime.progress import duration, percent
 
-from .common import UsageError, open_session
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("artifact", help="a training artifact (.etrain) from `edgetrain convert`")
-    p.add_argument(
-        "--data", required=True, help="the data to share out among the clients (as `train --data`)"
-    )
-    p.add_argument("--clients", type=int, required=True, help="devices (Flower supernodes) to start")
-    p.add_argument("--rounds", type=int, required=True, help="federated rounds")
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--local-epochs", type=int, help="local epochs per round (default 1)")
-    g.add_argument("--local-steps", type=int, help="local steps per round, instead of epochs")
-    p.add_argument(
-        "--partition",
-        choices=["iid", "label-skew"],
-        default="iid",
-        help="iid, or label-skew: each client sees mostly a few classes, as real users do (default iid)",
-    )
-    p.add_argument(
-        "--val-data", help="server-side validation data for the global model (an MNIST folder: t10k)"
-    )
-    p.add_argument(
-        "--personal",
-        nargs="+",
-        metavar="PATTERN",
-        help="personal parameters (names or node-name patterns, e.g. 'fc3.*'): never sent, kept on each device",
-    )
-    p.add_argument("--dp-noise", type=float, help="central differential privacy: the noise multiplier")
-    p.add_argument("--dp-clip", type=float, help="... and the clipping norm of each client's update")
-    p.add_argument("--lr", type=float, help="the clients' learning rate (default: the artifact's)")
-    p.add_argument("--seed", type=int, default=0, help="the split of the data (default 0)")
-    p.add_argument(
-        "--out", required=True, help="the folder for the results, the clients' homes and Flower's logs"
-    )
+from .common import open_session
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -62,7 +34,7 @@ def _check(args: argparse.Namespace) -> None:
     if args.dp_noise is not None and (args.dp_noise <= 0 or args.dp_clip <= 0):
         raise UsageError("--dp-noise and --dp-clip must be positive")
     try:
-        import flwr  # noqa: F401
+        import flwr  # noqa: F401  (optional, the federated extra: only to say so when it is missing)
     except ImportError:
         raise EdgeTrainError(
             "edgetrain federate runs Flower, which is not installed: pip install 'edgetrain[federated]'"
@@ -72,11 +44,6 @@ def _check(args: argparse.Namespace) -> None:
 def _clients(args: argparse.Namespace, sess, out: str) -> list[dict[str, Any]]:
     """Splits --data among the clients; each gets a home holding its share as an .npz (in the model's input
     form), as a device would hold its own data."""
-    import numpy as np
-
-    from edgetrain.federated.common import partition
-    from edgetrain.runtime.feeding import DataOptions, open_feed
-
     feed = open_feed(args.data, "train", sess, DataOptions())
     for note in feed.notices:
         print(f"note: {note}", file=sys.stderr)
@@ -96,8 +63,6 @@ def _clients(args: argparse.Namespace, sess, out: str) -> list[dict[str, Any]]:
 
 def run_federate(args: argparse.Namespace) -> int:
     _check(args)
-    from edgetrain.federated.deploy import APP_DIR, Deployment
-
     sess = open_session(args.artifact)
     out = os.path.abspath(args.out)
     if os.path.exists(os.path.join(out, "summary.json")):
@@ -136,8 +101,6 @@ def run_federate(args: argparse.Namespace) -> int:
 
 
 def _samples(path: str):
-    import numpy as np
-
     with np.load(path, allow_pickle=False) as z:  # numpy's default, said: an object array is refused
         return z["y"]
 
@@ -175,10 +138,10 @@ def _plot(summary: dict, out: str) -> str | None:
     if not rounds or summary.get("initial_val_accuracy") is None:
         return None
     try:
-        import matplotlib
+        import matplotlib  # optional: the plot is left out without matplotlib
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # optional, as above
     except ImportError:
         return None
     xs = [0] + [r["round"] for r in rounds]
@@ -241,4 +204,4 @@ def _print_summary(s: dict, out: str, png: str | None, seconds: float) -> None:
     print(f"  summary     {os.path.join(out, 'summary.json')}" + (f"; plot {png}" if png else ""))
 
 
-__all__ = ["add_arguments", "run_federate"]
+__all__ = ["run_federate"]

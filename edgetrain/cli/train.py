@@ -10,33 +10,35 @@ import sys
 import time
 from typing import Any
 
-from edgetrain.core.errors import EdgeTrainError
-from edgetrain.runtime.progress import TrainProgress, duration, epoch_line, percent
+import numpy as np
 
-from .common import UsageError, default_checkpoint, load_weights, open_session, plural
+from edgetrain.core.container import inspect_container
+from edgetrain.core.errors import EdgeTrainError, UsageError
+from edgetrain.runtime.feeding import open_feed, parse_options
+from edgetrain.runtime.progress import TrainProgress, duration, epoch_line, percent
+from edgetrain.runtime.schedules import ConstantLR, CosineLR, StepLR, WarmupLR, schedule_from_config
+from edgetrain.runtime.threads import blas_threads
+from edgetrain.runtime.trainer import Trainer, evaluate, session_batch
+from loaders import DataLoader, parse_normalize, parse_scale, split
+
+from .common import default_checkpoint, load_weights, open_session, plural
 
 
 def _data_options(args: argparse.Namespace):
-    from edgetrain.runtime.feeding import parse_options
-
     try:
         return parse_options(args.layout, args.scale, args.normalize)
     except ValueError as e:
         raise UsageError(str(e)) from None
 
 
-def _feed(path: str, split: str, session, args: argparse.Namespace):
-    from edgetrain.runtime.feeding import open_feed
-
-    feed = open_feed(path, split, session, _data_options(args))
+def _feed(path: str, which: str, session, args: argparse.Namespace):
+    feed = open_feed(path, which, session, _data_options(args))
     for notice in feed.notices:
         print(f"note: {notice}", file=sys.stderr)
     return feed
 
 
 def _loaders(args: argparse.Namespace, session, batch: int):
-    from loaders import DataLoader, split
-
     feed = _feed(args.data, "train", session, args)
     view, transform = feed.view, feed.transform
     val_view = None
@@ -65,8 +67,6 @@ def _loaders(args: argparse.Namespace, session, batch: int):
 
 
 def _schedule(text: str | None, warmup: int, total_steps: int):
-    import edgetrain as et
-
     kind, _, rest = (text or "constant").partition(":")
     values = [v for v in rest.split(":") if v] if rest else []
     try:
@@ -74,16 +74,16 @@ def _schedule(text: str | None, warmup: int, total_steps: int):
     except ValueError:
         raise UsageError(f"--lr-schedule {text}: the values after ':' must be numbers") from None
     if kind == "constant" and not nums:
-        schedule = et.ConstantLR()
+        schedule = ConstantLR()
     elif kind == "step" and 1 <= len(nums) <= 2 and nums[0] == int(nums[0]) and nums[0] >= 1:
-        schedule = et.StepLR(int(nums[0]), *nums[1:])
+        schedule = StepLR(int(nums[0]), *nums[1:])
     elif kind == "cosine" and len(nums) <= 1:
-        schedule = et.CosineLR(total_steps, *nums)
+        schedule = CosineLR(total_steps, *nums)
     else:
         raise UsageError(
             f"--lr-schedule {text}: use constant, step:STEPS[:GAMMA] (e.g. step:100:0.5) or cosine[:MIN_LR]"
         )
-    return et.WarmupLR(schedule, warmup) if warmup else schedule
+    return WarmupLR(schedule, warmup) if warmup else schedule
 
 
 def _schedule_text(cfg: dict[str, Any]) -> str:
@@ -97,6 +97,7 @@ def _schedule_text(cfg: dict[str, Any]) -> str:
     return "constant"
 
 
+# Options of `train` that a checkpoint records and --resume restores: dest -> default when neither given nor recorded.
 RECORDED = {
     "epochs": 1,
     "lr": None,
@@ -120,10 +121,6 @@ def _flag(dest: str) -> str:
 
 def _same_option(dest: str, given: Any, recorded: Any) -> bool:
     """Whether a repeated option says what the run recorded (values, not spellings: 1/255 is 0.00392...)."""
-    import numpy as np
-
-    from loaders import parse_normalize, parse_scale
-
     parse = {"scale": parse_scale, "normalize": parse_normalize}.get(dest)
     if parse is None or given is None or recorded is None:
         return given == recorded
@@ -136,8 +133,6 @@ def _same_option(dest: str, given: Any, recorded: Any) -> bool:
 def _restore_options(args: argparse.Namespace, checkpoint: str) -> dict[str, Any]:
     """On --resume: the run's recorded options fill the ones not given, and a given one that contradicts the run is
     a usage error (--epochs excepted: a run can be made longer). Returns the checkpoint's trainer settings."""
-    from edgetrain.core.container import inspect_container
-
     state = inspect_container(checkpoint)["header"].get("user_state", {})
     if state.get("trainer") != 1:
         raise EdgeTrainError(
@@ -168,9 +163,32 @@ def _restore_options(args: argparse.Namespace, checkpoint: str) -> dict[str, Any
 
 
 def run_train(args: argparse.Namespace) -> int:
-    import edgetrain as et
-    from edgetrain.runtime.trainer import schedule_from_config, session_batch
+    """`edgetrain train`: options -> session -> data -> the run -> its summary; 1 when the loss went non-finite."""
+    checkpoint, settings = _train_options(args)
+    sess = _train_session(args)
+    batch = session_batch(sess) or 32
+    train, val = _loaders(args, sess, batch)
+    if args.early_stopping and val is None:
+        raise UsageError("--early-stopping needs validation data: --val-data PATH or --val-split F")
+    total = args.epochs * len(train)
+    schedule = _run_schedule(args, settings, total, checkpoint)
+    bar = TrainProgress(total, batch, done_steps=int(settings.get("step", 0)))
+    trainer = _trainer(args, sess, train, val, schedule, checkpoint, bar)
+    print(_data_line(args, train, val, batch), file=sys.stderr)
+    base_lr = trainer.base_lr if args.resume else sess.lr
+    print(_lr_line(args, base_lr, schedule, checkpoint, settings), file=sys.stderr)
+    t0 = time.perf_counter()
+    result = trainer.fit(resume=args.resume)
+    bar.close()
+    seconds = time.perf_counter() - t0
+    _train_summary(args, result, seconds, batch, checkpoint, bar)
+    nonfinite = result.stopped_early and result.stop_reason.startswith("non-finite")
+    return 1 if nonfinite else 0
 
+
+def _train_options(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    """The command line -> (the checkpoint, the trainer settings of the run --resume continues, else {}); fills in
+    the options a resumed run recorded and the defaults, and refuses options that do not go together."""
     checkpoint = args.checkpoint or default_checkpoint(args.artifact)
     if args.resume and args.init_from:
         raise UsageError("--resume continues a run, --init-from starts a new one from a checkpoint: give one")
@@ -187,6 +205,11 @@ def run_train(args: argparse.Namespace) -> int:
         if getattr(args, dest) is None:
             setattr(args, dest, default)
     _check_train_options(args)
+    return checkpoint, settings
+
+
+def _train_session(args: argparse.Namespace):
+    """The artifact's session, from --init-from's weights when given, at --lr; and the process's BLAS threads."""
     sess = open_session(args.artifact)
     if args.init_from:
         sess.load_checkpoint(args.init_from)
@@ -198,8 +221,6 @@ def run_train(args: argparse.Namespace) -> int:
     if args.lr is not None:
         sess.lr = args.lr
     if args.threads is not None:
-        from edgetrain.runtime.threads import blas_threads
-
         if args.threads < 1:
             raise UsageError(f"--threads must be at least 1, not {args.threads}")
         now, how = blas_threads(args.threads)
@@ -207,20 +228,25 @@ def run_train(args: argparse.Namespace) -> int:
             print(f"--threads {args.threads} was not applied: {how}", file=sys.stderr)
     if args.feature_cache_mb < 0:
         raise UsageError(f"--feature-cache-mb must be 0 (off) or more, not {args.feature_cache_mb:g}")
-    batch = session_batch(sess) or 32
-    train, val = _loaders(args, sess, batch)
-    classification = sess.num_classes is not None
-    if args.early_stopping and val is None:
-        raise UsageError("--early-stopping needs validation data: --val-data PATH or --val-split F")
-    total = args.epochs * len(train)
-    if settings.get("schedule"):  # a resumed run keeps its schedule exactly (a cosine keeps its length)
+    return sess
+
+
+def _run_schedule(args: argparse.Namespace, settings: dict[str, Any], total: int, checkpoint: str):
+    """The learning-rate schedule: a resumed run keeps its own exactly (a cosine keeps its length), a new one
+    follows --lr-schedule and --warmup."""
+    if settings.get("schedule"):
         schedule = schedule_from_config(settings["schedule"])
         _check_schedule_covers(schedule, total, int(settings.get("step", 0)), checkpoint)
-    else:
-        schedule = _schedule(args.lr_schedule, args.warmup, total)
-    resumed_steps = int(settings.get("step", 0))
-    bar = TrainProgress(total, batch, done_steps=resumed_steps)
-    trainer = et.Trainer(
+        return schedule
+    return _schedule(args.lr_schedule, args.warmup, total)
+
+
+def _trainer(
+    args: argparse.Namespace, sess, train, val, schedule, checkpoint: str, bar: TrainProgress
+) -> Trainer:
+    """The Trainer of the run, with the options --resume will restore recorded in its checkpoints."""
+    classification = sess.num_classes is not None
+    return Trainer(
         sess,
         train,
         val_loader=val,
@@ -240,29 +266,27 @@ def run_train(args: argparse.Namespace) -> int:
         feature_cache=args.feature_cache_mb > 0,
         feature_cache_bytes=int(args.feature_cache_mb * 2**20),
     )
+
+
+def _data_line(args: argparse.Namespace, train: DataLoader, val: DataLoader | None, batch: int) -> str:
+    """What trains on what: the samples, those held out, the batches."""
     n_train, n_val = train.view.size(), (val.view.size() if val is not None else 0)
-    print(
+    return (
         f"training {args.artifact} on {args.data}: {n_train:,} samples"
         + (f", {n_val:,} for validation" if val is not None else "")
-        + f"; batch {batch}, {plural(len(train), 'step')} per epoch",
-        file=sys.stderr,
+        + f"; batch {batch}, {plural(len(train), 'step')} per epoch"
     )
-    if args.resume:
-        print(
-            f"resuming from {checkpoint}: {settings.get('epoch', '?')} epoch(s), {resumed_steps} steps done; "
-            f"base lr {trainer.base_lr:g}, "
-            f"{_schedule_text(schedule.config())}",
-            file=sys.stderr,
-        )
-    else:
-        print(f"base lr {sess.lr:g}, {_schedule_text(schedule.config())}", file=sys.stderr)
-    t0 = time.perf_counter()
-    result = trainer.fit(resume=args.resume)
-    bar.close()
-    seconds = time.perf_counter() - t0
-    _train_summary(args, result, seconds, batch, checkpoint, bar)
-    nonfinite = result.stopped_early and result.stop_reason.startswith("non-finite")
-    return 1 if nonfinite else 0
+
+
+def _lr_line(
+    args: argparse.Namespace, base_lr: float, schedule, checkpoint: str, settings: dict[str, Any]
+) -> str:
+    """The learning rate the run starts from and its schedule; a resumed run also says where it stood."""
+    lr = f"base lr {base_lr:g}, {_schedule_text(schedule.config())}"
+    if not args.resume:
+        return lr
+    done = int(settings.get("step", 0))
+    return f"resuming from {checkpoint}: {settings.get('epoch', '?')} epoch(s), {done} steps done; {lr}"
 
 
 def _check_schedule_covers(schedule, total: int, done: int, checkpoint: str) -> None:
@@ -321,11 +345,6 @@ def _train_summary(args, result, seconds: float, batch: int, checkpoint: str, ba
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    import numpy as np
-
-    from edgetrain.runtime.trainer import evaluate, session_batch
-    from loaders import DataLoader
-
     sess = open_session(args.artifact)
     which = load_weights(sess, args.checkpoint, args.artifact)
     feed = _feed(args.data, args.split, sess, args)

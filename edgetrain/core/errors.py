@@ -8,7 +8,7 @@ OSErrors, a size bound hit a MemoryError, a kernel failing a RuntimeError.
     ├── ModelError (ValueError)            └── ModelLimitError (+ LimitError)
     ├── UnsupportedError (NotImplementedError)
     ├── ShapeError (ValueError)            └── RebatchError
-    ├── ConfigError (ValueError)
+    ├── ConfigError (ValueError)           └── UsageError
     ├── FeedError (ValueError)
     ├── ArtifactError (ValueError)         └── ArtifactLimitError (+ LimitError)
     ├── loaders.DataError (ValueError)     └── loaders.DataLimitError (+ LimitError)
@@ -40,6 +40,11 @@ class ShapeError(EdgeTrainError, ValueError):
 
 class ConfigError(EdgeTrainError, ValueError):
     """Settings that cannot work together, or that contradict the run a checkpoint continues."""
+
+
+class UsageError(ConfigError):
+    """A command line used wrongly: an unknown or missing argument, options that do not go together; the commands
+    exit with code 2."""
 
 
 class RebatchError(ShapeError):

@@ -17,10 +17,12 @@ import os
 from typing import Any
 
 import numpy as np
+
+# flwr, the federated extra, at module level: this module is Flower's ClientApp, run by Flower
 from flwr.app import Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from edgetrain.core.errors import EdgeTrainError, NonFiniteError
+from edgetrain.core.errors import ConfigError, EdgeTrainError, NonFiniteError
 from edgetrain.runtime import TrainingSession
 from edgetrain.runtime.feeding import DataOptions, open_feed
 from edgetrain.runtime.trainer import evaluate, session_batch
@@ -32,8 +34,9 @@ app = ClientApp()
 REFUSED = 1  # Error code of a round this device refuses (another artifact, other parameters, unusable data)
 
 
-class RoundRefused(EdgeTrainError):
-    """A round this device cannot take part in; the reason goes back to the server."""
+class RoundRefused(ConfigError):
+    """A round this device cannot take part in (another artifact, other parameters, unusable data); the reason goes
+    back to the server."""
 
 
 @app.train()

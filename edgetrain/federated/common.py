@@ -104,7 +104,7 @@ def partition(view: IDataView, clients: int, scheme: str = "iid", *, seed: int =
 
 def to_records(arrays: Mapping[str, np.ndarray]):
     """Named numpy arrays -> a Flower ArrayRecord (names kept: they are the ONNX initializer names)."""
-    from flwr.app import Array, ArrayRecord
+    from flwr.app import Array, ArrayRecord  # optional (the federated extra): the rest works without flwr
 
     return ArrayRecord({k: Array.from_numpy_ndarray(np.ascontiguousarray(v)) for k, v in arrays.items()})
 

@@ -18,12 +18,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from edgetrain.core.errors import EdgeTrainError
+from edgetrain.core.errors import ExecutionError
 
 APP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "app")
 
 
-class FederationError(EdgeTrainError):
+class FederationError(ExecutionError):
     """A Flower process that would not start, a run that failed or timed out; says which and where its log is."""
 
 

@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+# flwr, the federated extra, at module level: this module is Flower's ServerApp, run by Flower
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg
@@ -24,6 +25,9 @@ from flwr.serverapp.strategy.strategy import Strategy
 from edgetrain.core.container import atomic_write
 from edgetrain.core.errors import ConfigError
 from edgetrain.runtime import TrainingSession
+from edgetrain.runtime.feeding import DataOptions, open_feed
+from edgetrain.runtime.trainer import evaluate, session_batch
+from loaders import DataLoader
 
 from .common import CHECK_KEY, RUN_DEFAULTS, from_records, patterns, personal_names, readers_of, to_records
 
@@ -198,9 +202,6 @@ class _Judge:
         self.t = now
         metrics = None
         if self.view is not None:
-            from edgetrain.runtime.trainer import evaluate, session_batch
-            from loaders import DataLoader
-
             self.sess.set_parameters({**self.initial, **from_records(arrays)})
             loader = DataLoader(self.view, session_batch(self.sess) or 32, batch_transform=self.transform)
             loss, acc = evaluate(self.sess, loader, classification=self.sess.num_classes is not None)
@@ -215,8 +216,6 @@ class _Judge:
 def _judge(sess: TrainingSession, path: str, out: str) -> _Judge:
     if not path:
         return _Judge(sess, None, None, out)
-    from edgetrain.runtime.feeding import DataOptions, open_feed
-
     feed = open_feed(path, "test", sess, DataOptions())
     return _Judge(sess, feed.view, feed.transform, out)
 
@@ -224,9 +223,7 @@ def _judge(sess: TrainingSession, path: str, out: str) -> _Judge:
 def _export(sess: TrainingSession, out: str) -> str | None:
     try:
         sess.export_onnx(os.path.join(out, "global.onnx"))
-    except (
-        Exception
-    ) as e:  # the server may run without onnx: the checkpoint is the result, the ONNX a courtesy
+    except Exception as e:  # the server may run without onnx: the checkpoint is the result, ONNX a courtesy
         print(f"global.onnx not written: {e}", flush=True)
         return None
     return os.path.join(out, "global.onnx")

@@ -19,26 +19,22 @@ GradRule = Callable[[Any, Node, list[str | None], list[bool]], list[str | None]]
 Body = Callable[[Any, Node], list[str]]
 
 
-def grad(*op_types: str) -> Callable[[GradRule], GradRule]:
-    """Registers a gradient rule for each op type given."""
+def _registers(slot: str) -> Callable[..., Callable[[Callable], Callable]]:
+    """A decorator that registers the function it decorates into `slot` of the record of each op type given."""
 
-    def add(fn: GradRule) -> GradRule:
-        for op in op_types:
-            register(op, "rule", fn)
-        return fn
+    def decorator(*op_types: str) -> Callable[[Callable], Callable]:
+        def add(fn: Callable) -> Callable:
+            for op in op_types:
+                register(op, slot, fn)
+            return fn
 
-    return add
+        return add
+
+    return decorator
 
 
-def body(*op_types: str) -> Callable[[Body], Body]:
-    """Registers the standard-op body of each of edgetrain's own ops given."""
-
-    def add(fn: Body) -> Body:
-        for op in op_types:
-            register(op, "body", fn)
-        return fn
-
-    return add
+grad = _registers("rule")  # @grad("Conv", ...): a GradRule for each op given
+body = _registers("body")  # @body("ConvGradWeight", ...): the standard-op Body of each of edgetrain's own ops
 
 
 class _Slot(Mapping):
