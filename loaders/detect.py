@@ -12,6 +12,7 @@ from .csvtable import CsvDataView, _cells, _is_number
 from .errors import ConfigError, DataError
 from .mnist import GZIP_MAGIC, MnistDataView, find_mnist_files, idx_header
 from .npz import NpzDataView
+from .store import SampleStore
 from .views import IDataView
 
 _SNIFF = 8192
@@ -141,9 +142,7 @@ def _open(path, **kwargs) -> IDataView:
     if (
         head[:16] == b"SQLite format 3\x00" and not compressed
     ):  # the app's sample store (or a foreign database,
-        from .store import SampleStore  # which SampleStore refuses, naming it)
-
-        return _make(SampleStore, path, create=False, **kwargs)
+        return _make(SampleStore, path, create=False, **kwargs)  # which SampleStore refuses, naming it)
     if head[:4] in (b"PK\x03\x04", b"PK\x05\x06") and not compressed:
         return _make(NpzDataView, path, **kwargs)
     parsed = idx_header(head)
