@@ -111,15 +111,17 @@ def run_convert(args: argparse.Namespace) -> int:
 
 
 def run_check(args: argparse.Namespace) -> int:
-    from edgetrain.derive.check import check, ops_text  # build side: needs onnx (inspect must not)
-
     if getattr(args, "ops", False):
+        from edgetrain.derive.supported import ops_text  # start-up: the rule table loads only for --ops
+
         print(ops_text())
         if not args.model:
             return 0
         print()
     if not args.model:
         raise UsageError("give the MODEL to check, or --ops to list the ops edgetrain supports")
+    from edgetrain.derive.check import check  # needs onnx to read the model (inspect and check --ops do not)
+
     report = check(args.model, batch_size=args.batch_size)
     print(report.text())
     return 0 if report.derivable else 1
