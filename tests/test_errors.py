@@ -317,3 +317,54 @@ def test_control_flow_is_unsupported_clearly():
     )
     with pytest.raises(et.UnsupportedError, match=r"'branch'.*subgraph.*If, Loop"):
         et.InferenceSession(m)
+
+
+LENET = str(
+    __import__("pathlib").Path(__file__).resolve().parents[1] / "edgetrain" / "data" / "digits_lenet.onnx"
+)
+
+
+@pytest.fixture(scope="module")
+def quantized(tmp_path_factory):
+    """The demo's LeNet through onnxruntime's quantizer, in its three forms."""
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_dynamic,
+        quantize_static,
+    )
+
+    class Batches(CalibrationDataReader):
+        def __init__(self):
+            rng = np.random.default_rng(0)
+            self.it = iter([{"image": rng.random((1, 1, 28, 28), dtype=np.float32)} for _ in range(4)])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    d = tmp_path_factory.mktemp("quantized")
+    quantize_dynamic(LENET, str(d / "dynamic.onnx"), weight_type=QuantType.QInt8)
+    quantize_static(LENET, str(d / "qdq.onnx"), Batches(), quant_format=QuantFormat.QDQ)
+    quantize_static(LENET, str(d / "qoperator.onnx"), Batches(), quant_format=QuantFormat.QOperator)
+    return d
+
+
+@pytest.mark.parametrize(
+    "form,op", [("dynamic", "DynamicQuantizeLinear"), ("qdq", "DequantizeLinear"), ("qoperator", "QGemm")]
+)
+def test_a_quantized_model_is_refused_by_its_quantized_op_with_the_float_model_hint(quantized, form, op):
+    """convert and check both name the first quantized node and say to convert the float model: the op check comes
+    before the parameter roles (whose "no initializers in a parameter role" would mislead)."""
+    from edgetrain.derive.check import check
+
+    path = str(quantized / f"{form}.onnx")
+    for attempt in (
+        lambda: et.convert(path, loss=et.CrossEntropyLoss(), optimizer=et.SGD(lr=0.1), batch_size=2),
+        lambda: check(path),
+    ):
+        with pytest.raises(et.UnsupportedError) as e:
+            attempt()
+        text = str(e.value)
+        assert f"({op})" in text and "convert the float model, as exported before quantization" in text, text
+        assert "parameter role" not in text

@@ -319,3 +319,18 @@ def test_a_real_step_stays_within_sight_of_the_planned_peak(tmp_path):
     growth = int(proc.stdout.strip().splitlines()[-1])
     assert mem["arena_bytes"] > 8 * 2**20  # large enough for the lower bound to mean something
     assert mem["arena_bytes"] <= growth <= 3 * mem["peak_bytes"] + 30 * 2**20, (growth, mem)
+
+
+def test_a_session_of_a_training_artifact_object_trains_as_one_of_its_file(tmp_path):
+    art, path = make_artifact(tmp_path)
+    x, y = batch_for("lenet", BATCH)
+    from_object, from_file = et.TrainingSession(art), et.TrainingSession(path)
+    assert [from_object.train_step(x, y) for _ in range(3)] == [from_file.train_step(x, y) for _ in range(3)]
+    for k, v in from_file.parameters().items():
+        assert np.array_equal(from_object.parameters()[k], v), k
+
+
+@pytest.mark.parametrize("wrong", [42, None, b"model.etrain", {"path": "model.etrain"}])
+def test_a_session_of_something_else_says_what_it_takes(wrong):
+    with pytest.raises(et.ConfigError, match="the path .* of an .etrain file, not a value of type"):
+        et.TrainingSession(wrong)

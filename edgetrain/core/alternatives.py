@@ -128,7 +128,8 @@ _CONTRIB = {k.lower(): v for k, v in CONTRIB_FORM.items()}
 def _quantized(op_type: str) -> bool:
     """QuantizeLinear, QLinearConv, ConvInteger, MatMulNBits, QGemm, QAttention, DynamicQuantizeMatMul, ..."""
     return (
-        any(w in op_type for w in ("Quantize", "QLinear", "Integer", "NBits"))
+        any(w in op_type for w in ("QLinear", "Integer", "NBits"))
+        or "quantize" in op_type.lower()
         or len(op_type) > 1
         and op_type[0] == "Q"
         and op_type[1].isupper()

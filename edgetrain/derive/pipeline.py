@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from edgetrain.core.errors import ShapeError, UnsupportedError
+from edgetrain.core.interpreter import compile_step
 from edgetrain.core.ir import Graph, TensorInfo, about
 from edgetrain.graph.passes import fold_constants, make_static, prune
 from edgetrain.graph.rebatch import (
@@ -76,10 +77,13 @@ def convert(
 def _convert(model, loss, optimizer, trainable, batch_size, output) -> TrainingArtifact:
     """The stages: import -> parameter roles -> static shapes (re-batched) -> loss -> autodiff -> optimizer -> the
     step as a pure function -> the fused step. The memory plan and the file come with TrainingArtifact.save."""
-    rule = (
-        default_shape_rule()
-    )  # onnx's shape inference where onnx is installed: large values stay unallocated
+    # onnx's shape inference where onnx is installed: large values stay unallocated
+    rule = default_shape_rule()
     imported, provenance = _import(model)
+    for (
+        node
+    ) in imported.nodes:  # an op edgetrain does not run is the first thing to say (a quantized model, say)
+        compile_step(node)
     m = _static_model(imported, trainable, batch_size, rule)
     prediction, params = _trainable(m.inference, m.chosen, trainable, output)
     ext = _extend(m.inference, prediction, params, trainable, loss, optimizer, rule)

@@ -21,7 +21,7 @@ from edgetrain.core import plan as plans
 from edgetrain.core.artifact_format import IO_KEYS, ZERO_STATE_PER_PARAMETER_BYTE
 from edgetrain.core.container import DTYPES, declared_nbytes, read_container
 from edgetrain.core.container import short as _short
-from edgetrain.core.errors import ArtifactError, ArtifactLimitError
+from edgetrain.core.errors import ArtifactError, ArtifactLimitError, ConfigError
 from edgetrain.core.ir import Graph
 from edgetrain.core.plan import MemoryPlan, check_plan
 from edgetrain.core.serialize import check_graph, graph_from_dict
@@ -64,6 +64,11 @@ def load_artifact(
     """Reads and checks an artifact (see the module docstring). max_header_bytes bounds its header
     (container.MAX_HEADER_BYTES), max_arena_bytes its memory plans' arenas and every value it declares
     (plan.MAX_ARENA_BYTES)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise ConfigError(
+            "an artifact is read from its file: give the path (str or os.PathLike) of an .etrain file, not a value "
+            f"of type {type(path).__name__}"
+        )
     path = os.fspath(path)
     max_header = container.MAX_HEADER_BYTES if max_header_bytes is None else max_header_bytes
     max_arena = plans.MAX_ARENA_BYTES if max_arena_bytes is None else max_arena_bytes

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import tempfile
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,7 +35,7 @@ class TrainingSession:
 
     def __init__(
         self,
-        path: str | os.PathLike,
+        path: str | os.PathLike | Any,
         *,
         verify: bool = True,
         fused: bool = True,
@@ -42,9 +43,17 @@ class TrainingSession:
         max_header_bytes: int | None = None,
         max_arena_bytes: int | None = None,
     ):
-        """max_header_bytes and max_arena_bytes raise the bounds an artifact is read within (container.
-        MAX_HEADER_BYTES, plan.MAX_ARENA_BYTES: 64 MiB of header, a 4 GiB arena): see SECURITY.md."""
+        """path: an artifact file (`.etrain`), or a TrainingArtifact just converted (it is written to a temporary
+        file of the session's, as the device would read it). max_header_bytes and max_arena_bytes raise the bounds
+        an artifact is read within (container.MAX_HEADER_BYTES, plan.MAX_ARENA_BYTES: 64 MiB of header, a 4 GiB
+        arena): see SECURITY.md."""
         self.threads = apply_threads(threads)  # BLAS threads (the process's); None: left as they are
+        self._tmp: tempfile.TemporaryDirectory | None = None
+        if not isinstance(path, (str, os.PathLike)) and callable(getattr(path, "save", None)):
+            self._tmp = tempfile.TemporaryDirectory(prefix="edgetrain-session-")
+            saved = os.path.join(self._tmp.name, "artifact.etrain")
+            path.save(saved)
+            path = saved
         self.artifact = art = load_artifact(
             path, verify=verify, max_header_bytes=max_header_bytes, max_arena_bytes=max_arena_bytes
         )
