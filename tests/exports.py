@@ -404,3 +404,61 @@ def _mapping_message(name: str, value: np.ndarray, hits, inits: dict[str, np.nda
         return f"{where} is held by several ONNX initializers: {[h for h, _ in hits]}"
     note = f" (the initializer named '{name}' holds other values: folded?)" if name in inits else ""
     return f"{where} is held by no ONNX initializer{note}"
+
+
+# ---- a causal language model (Hugging Face's GPT-2, from a tiny config) -----------------------------------------
+GPT2_VOCAB, GPT2_SEQ = 40, 8
+
+
+def gpt2(seed: int = 0, *, batch: int = 2) -> tuple[nn.Module, torch.Tensor]:
+    """(a tiny GPT2LMHeadModel with random weights, its lm_head tied to wte as in every GPT-2; token ids)."""
+    declare_torchvision_ops()  # transformers imports torchvision
+    import transformers
+
+    cfg = transformers.GPT2Config(
+        vocab_size=GPT2_VOCAB, n_positions=16, n_embd=16, n_layer=2, n_head=2, attn_implementation="eager"
+    )
+    torch.manual_seed(seed)
+    lm = transformers.GPT2LMHeadModel(cfg).eval()
+    ids = torch.randint(1, GPT2_VOCAB, (batch, GPT2_SEQ), generator=torch.Generator().manual_seed(seed + 1))
+    return lm, ids
+
+
+class LogitsOf(nn.Module):
+    """A causal LM as exported for on-device training: token ids [batch, positions] -> logits [batch, positions,
+    vocabulary] (no cache; the attention mask and positions spelled out, which the TorchScript exporter needs)."""
+
+    def __init__(self, lm: nn.Module):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, input_ids):
+        positions = torch.arange(input_ids.shape[1])[None].expand_as(input_ids)
+        mask = torch.ones_like(input_ids)
+        return self.lm(
+            input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=False
+        ).logits
+
+
+def export_lm(
+    lm: nn.Module, ids: torch.Tensor, path: str | Path, *, exporter: str, symbolic: bool = True
+) -> None:
+    """LogitsOf(lm) exported with its input named input_ids. transformers 4.57 builds its attention masks with
+    vmap, which the TorchScript exporter cannot trace: its older mask function is used for that export."""
+    import transformers.masking_utils as masks
+
+    recent = masks.sdpa_mask
+    if exporter == "torchscript":
+        masks.sdpa_mask = masks.sdpa_mask_older_torch
+    try:
+        export_module(
+            LogitsOf(lm).eval(),
+            ids,
+            path,
+            exporter=exporter,
+            mode="eval",
+            symbolic=symbolic,
+            input_name="input_ids",
+        )
+    finally:
+        masks.sdpa_mask = recent

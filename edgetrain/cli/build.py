@@ -23,12 +23,25 @@ from .names import DEFAULT_LR, LOSSES
 
 
 def _make_loss(args: argparse.Namespace):
-    if args.label_smoothing and args.loss != "cross-entropy":
-        raise UsageError("--label-smoothing applies to --loss cross-entropy only")
+    classes = ("cross-entropy", "next-token")
+    for flag, value, applies in (
+        ("--label-smoothing", args.label_smoothing, classes),
+        ("--ignore-index", args.ignore_index, classes),
+        ("--class-axis", args.class_axis, ("cross-entropy",)),
+    ):
+        if value is not None and args.loss not in applies:
+            raise UsageError(f"{flag} applies to --loss {' and '.join(applies)} only")
     from edgetrain.derive import losses  # build side: loaded only for convert
 
+    smoothing = args.label_smoothing or 0.0
     if args.loss == "cross-entropy":
-        return losses.CrossEntropyLoss(label_smoothing=args.label_smoothing or 0.0)
+        axis = 1 if args.class_axis is None else args.class_axis
+        return losses.CrossEntropyLoss(
+            label_smoothing=smoothing, ignore_index=args.ignore_index, class_axis=axis
+        )
+    if args.loss == "next-token":
+        ignore = -100 if args.ignore_index is None else args.ignore_index
+        return losses.NextTokenLoss(ignore_index=ignore, label_smoothing=smoothing)
     return getattr(losses, LOSSES[args.loss])()
 
 

@@ -59,6 +59,15 @@ def _federate(args: argparse.Namespace) -> int:
     return run_federate(args)
 
 
+def _class_axis(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not an axis number (1, -1, ...) or 'auto'") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -99,6 +108,17 @@ def convert_arguments(c: argparse.ArgumentParser) -> None:
     c.add_argument("-o", "--output", help="the artifact to write (default: the model's name with .etrain)")
     c.add_argument("--loss", choices=list(LOSSES), default="cross-entropy", help="default cross-entropy")
     c.add_argument("--label-smoothing", type=float, help="cross-entropy label smoothing, e.g. 0.1")
+    c.add_argument(
+        "--class-axis",
+        type=_class_axis,
+        help="cross-entropy: the output's axis of classes (default 1, as PyTorch; -1 for [batch, positions, "
+        "vocabulary]; auto: read it from the model)",
+    )
+    c.add_argument(
+        "--ignore-index",
+        type=int,
+        help="cross-entropy and next-token: a label that counts for nothing (next-token's default -100)",
+    )
     c.add_argument("--optimizer", choices=list(DEFAULT_LR), default="sgd", help="default sgd")
     c.add_argument("--lr", type=float, help="learning rate (default 0.01 for sgd, 0.001 for adam and adamw)")
     c.add_argument("--momentum", type=float, help="sgd momentum (default 0.9)")

@@ -188,7 +188,9 @@ class Interpreter:
             env[s] = feeds[name]
         program = self._compiled if record is None else self._keeping()
         try:
-            program.run(env)
+            # IEEE arithmetic, as onnxruntime's: a mask's most negative float plus a score is -inf, not a warning
+            with np.errstate(over="ignore", under="ignore"):
+                program.run(env)
         except Exception as e:  # a kernel failed: say which node, with the shapes of its inputs
             raise self._failure(program, e, env) from e
         if record is not None:

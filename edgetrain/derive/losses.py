@@ -14,6 +14,7 @@ import numpy as np
 
 from edgetrain.core.errors import UnsupportedError
 from edgetrain.core.ir import TensorInfo
+from edgetrain.core.ops import record
 
 from .autodiff.context import GradContext
 from .autodiff.rules.math import cross_entropy_graph
@@ -29,6 +30,11 @@ class ILoss(ABC):
     @abstractmethod
     def build(self, builder: GradContext, prediction: str, target: str) -> str:
         """Appends the loss nodes and returns the name of the scalar loss value."""
+
+    def prepare(self, builder: GradContext, prediction: str) -> list[str]:
+        """Reads what the loss needs to know of the graph before its target is made; returns notes for the user
+        about what it decided (default: nothing to read)."""
+        return []
 
     def target_info(self, prediction: TensorInfo) -> TensorInfo:
         """The dtype and shape of the target this loss reads, given the model output's (default: the same)."""
@@ -53,48 +59,176 @@ def _check_reduction(reduction: str) -> str:
 
 
 class CrossEntropyLoss(ILoss):
-    """Softmax cross-entropy against integer class labels [batch] (or [batch, d1, ...] for per-position classes,
-    class axis 1), as torch.nn.CrossEntropyLoss computes it. When the model's output comes from a Softmax (or
-    LogSoftmax) over the class axis, the loss reads the logits under it, through a stable log-softmax."""
+    """Softmax cross-entropy against integer class labels, as torch.nn.CrossEntropyLoss computes it. The model's
+    output holds the classes along `class_axis`: 1 as in PyTorch ([batch, classes] or [batch, classes, d1, ...],
+    labels [batch, d1, ...]); -1 for a language model's [batch, positions, vocabulary] (labels [batch, positions],
+    averaged over every position, as Hugging Face flattens them); "auto" reads it from the graph (the axis the
+    model's own Softmax runs over, else the last axis after a MatMul/Gemm head, axis 1 after a Conv) and says so in
+    the artifact's notes. When the output comes from a Softmax (or LogSoftmax) over the class axis, the loss reads
+    the logits under it, through a stable log-softmax. Labels equal to ignore_index count for nothing (PyTorch's
+    -100 is a common choice)."""
 
     def __init__(
-        self, reduction: str = "mean", label_smoothing: float = 0.0, ignore_index: int | None = None
+        self,
+        reduction: str = "mean",
+        label_smoothing: float = 0.0,
+        ignore_index: int | None = None,
+        class_axis: int | str = 1,
     ):
         self.reduction = _check_reduction(reduction)
         if not 0.0 <= label_smoothing <= 1.0:
             raise UnsupportedError(f"label_smoothing={label_smoothing} must be between 0 and 1")
         self.label_smoothing = float(label_smoothing)
         self.ignore_index = None if ignore_index is None else int(ignore_index)
+        if class_axis != "auto" and (
+            isinstance(class_axis, bool) or not isinstance(class_axis, (int, np.integer))
+        ):
+            raise UnsupportedError(
+                f"class_axis must be an axis number (1, -1, ...) or 'auto', not {class_axis!r}"
+            )
+        self.class_axis = class_axis if class_axis == "auto" else int(class_axis)
+        self._decided: int | None = None  # the axis "auto" found in the graph (prepare)
+
+    def config(self) -> dict[str, Any]:
+        cfg = {
+            "type": type(self).__name__,
+            "reduction": self.reduction,
+            "label_smoothing": self.label_smoothing,
+            "ignore_index": self.ignore_index,
+        }
+        axis = self._decided if self.class_axis == "auto" else self.class_axis
+        if axis != 1:  # PyTorch's axis 1 is what an artifact without the key means
+            cfg["class_axis"] = axis
+        return cfg
 
     def target_info(self, prediction: TensorInfo) -> TensorInfo:
         shape = tuple(prediction.shape or ())
         if len(shape) < 2:
             raise UnsupportedError(
-                f"CrossEntropyLoss needs a model output of shape [batch, classes, ...], got {prediction}"
+                f"{type(self).__name__} needs a model output of shape [batch, classes, ...], got {prediction}"
             )
-        return TensorInfo(np.dtype("int64"), shape[:1] + shape[2:])
+        axis = _class_axis(self._decided if self.class_axis == "auto" else self.class_axis, prediction)
+        return TensorInfo(np.dtype("int64"), shape[:axis] + shape[axis + 1 :])
+
+    def prepare(self, g: GradContext, prediction: str) -> list[str]:
+        """class_axis="auto": finds the axis that holds the classes in the graph, before the target is made."""
+        if self.class_axis != "auto":
+            return []
+        notes: list[str] = []
+        self._decided = _auto_axis(g, prediction, notes)
+        return notes
 
     def build(self, g: GradContext, prediction: str, target: str) -> str:
-        if len(g.shape(prediction)) == 2:  # [n, c] logits: one fused op (and one for its gradient)
-            attrs = {"reduction": self.reduction, "label_smoothing": self.label_smoothing}
-            if self.ignore_index is not None:
-                attrs["ignore_index"] = self.ignore_index
-            return g.private("SoftmaxCrossEntropy", _logits(g, prediction), target, name="loss", **attrs)
-        return cross_entropy_graph(
-            g,
-            _log_probabilities(g, prediction),
-            target,
-            self.reduction,
-            self.label_smoothing,
-            self.ignore_index,
+        info = g.graph.values[prediction]
+        rank = len(info.shape)
+        axis = _class_axis(self._decided if self.class_axis == "auto" else self.class_axis, info)
+        if rank == 2:  # [n, c] logits: one fused op (and one for its gradient)
+            return self._fused(g, _logits(g, prediction, 1), target)
+        if axis == 1:  # PyTorch's [batch, classes, d1, ...]
+            return cross_entropy_graph(
+                g,
+                _log_probabilities(g, prediction),
+                target,
+                self.reduction,
+                self.label_smoothing,
+                self.ignore_index,
+            )
+        logits = _logits(g, prediction, axis)
+        if axis != rank - 1:  # the classes last, where the fused op reads them
+            logits = g.op("Transpose", logits, perm=[k for k in range(rank) if k != axis] + [axis])
+        return self._fused(g, _rows(g, logits), g.op("Reshape", target, g.ints([-1], hint="flat")))
+
+    def _fused(self, g: GradContext, logits: str, target: str) -> str:
+        attrs = {"reduction": self.reduction, "label_smoothing": self.label_smoothing}
+        if self.ignore_index is not None:
+            attrs["ignore_index"] = self.ignore_index
+        return g.private("SoftmaxCrossEntropy", logits, target, name="loss", **attrs)
+
+
+class NextTokenLoss(CrossEntropyLoss):
+    """The loss of a causal language model (Hugging Face's GPT2LMHeadModel(labels=ids).loss): the output is
+    [batch, positions, vocabulary] logits, the target the token ids [batch, positions] themselves (padding marked
+    ignore_index, -100 by default), and position t predicts the token at t + 1: the logits of every position but
+    the last against the labels of every position but the first, shifted inside the graph, averaged over the tokens
+    not ignored."""
+
+    def __init__(self, ignore_index: int = -100, label_smoothing: float = 0.0, reduction: str = "mean"):
+        super().__init__(reduction, label_smoothing, ignore_index, class_axis=-1)
+
+    def target_info(self, prediction: TensorInfo) -> TensorInfo:
+        shape = tuple(prediction.shape or ())
+        if len(shape) != 3 or (isinstance(shape[1], int) and shape[1] < 2):
+            raise UnsupportedError(
+                "NextTokenLoss needs a model output of [batch, positions, vocabulary] logits with 2 positions or "
+                f"more, got {prediction}"
+            )
+        return TensorInfo(np.dtype("int64"), shape[:2])
+
+    def build(self, g: GradContext, prediction: str, target: str) -> str:
+        t = g.shape(prediction)[1]
+        one = g.ints([1], hint="axis")
+        logits = g.op(
+            "Slice", _logits(g, prediction, 2), g.ints([0], hint="start"), g.ints([t - 1], hint="end"), one
         )
+        labels = g.op("Slice", target, g.ints([1], hint="start"), g.ints([t], hint="end"), one)
+        return self._fused(g, _rows(g, logits), g.op("Reshape", labels, g.ints([-1], hint="flat")))
 
 
-def _logits(g: GradContext, prediction: str) -> str:
-    """The logits under the model output: its Softmax/LogSoftmax input when it has one over axis 1."""
+def _class_axis(axis: int | None, prediction: TensorInfo) -> int:
+    """The class axis as a non-negative number; not the batch axis 0."""
+    rank = len(prediction.shape or ())
+    if axis is None or not -rank <= axis < rank or axis % rank == 0:
+        raise UnsupportedError(
+            f"class_axis {axis} is not an axis of the model output {prediction} past its batch axis 0; use 1 "
+            "(PyTorch's [batch, classes, ...]) or -1 (a language model's [batch, positions, vocabulary])"
+        )
+    return axis % rank
+
+
+def _auto_axis(g: GradContext, prediction: str, notes: list[str]) -> int:
+    """The axis that holds the classes, by the graph: the axis of the model's own Softmax, else the last one after a
+    MatMul/Gemm head (a linear layer writes its features last), else 1 after a Conv, or for [batch, classes]."""
+    shape = list(g.shape(prediction))
+    rank = len(shape)
+    producer = g.graph.producers().get(prediction)
+    head = _head(g, prediction)
+    if producer is not None and producer.op_type in ("Softmax", "LogSoftmax"):
+        axis, why = g.attr(producer, "axis") % rank, f"the model's {producer.op_type} runs over it"
+    elif rank == 2:
+        axis, why = 1, "the output is [batch, classes]"
+    elif head in ("MatMul", "Gemm", "Einsum"):
+        axis, why = rank - 1, f"the model's last {head} writes its classes last"
+    elif head in ("Conv", "ConvTranspose"):
+        axis, why = 1, f"the model ends in a {head}, whose channels are axis 1"
+    else:
+        raise UnsupportedError(
+            f"class_axis='auto' cannot tell which axis of the output '{prediction}' {shape} holds the classes; "
+            "give class_axis=1 (PyTorch's) or -1"
+        )
+    notes.append(f"class axis {axis} of the output '{prediction}' {shape} ({shape[axis]} classes): {why}")
+    return axis
+
+
+def _rows(g: GradContext, logits: str) -> str:
+    """[..., classes] logits as [rows, classes]: every position one row of the fused softmax cross-entropy."""
+    return g.op("Reshape", logits, g.ints([-1, g.shape(logits)[-1]], hint="rows"))
+
+
+def _head(g: GradContext, value: str) -> str:
+    """The op that computes `value`, looking through ops that only rearrange it and through an added bias."""
+    producers = g.graph.producers()
+    p = producers.get(value)
+    while p is not None and (record(p.op_type).rearranges or p.op_type == "Add") and p.inputs:
+        computed = [i for i in p.inputs if i in producers]  # through a bias: the operand a node computes
+        p = producers.get(computed[0] if computed else p.inputs[0])
+    return p.op_type if p is not None else ""
+
+
+def _logits(g: GradContext, prediction: str, axis: int) -> str:
+    """The logits under the model output: its Softmax/LogSoftmax input when it has one over the class axis."""
     producer = g.graph.producers().get(prediction)
     if producer is not None and producer.op_type in ("Softmax", "LogSoftmax"):
-        if g.attr(producer, "axis") % len(g.shape(prediction)) == 1:
+        if g.attr(producer, "axis") % len(g.shape(prediction)) == axis:
             return producer.inputs[0]
     return prediction
 

@@ -107,7 +107,7 @@ def _convert(model, loss, optimizer, trainable, batch_size, output) -> TrainingA
         optimizer_config=optimizer.config(),
         provenance=provenance,
         roles=m.roles,
-        notes=m.notes,
+        notes=m.notes + ext.notes,
         batch_plan=m.batch_plan,
         fused=fused,
     )
@@ -186,6 +186,7 @@ class _Extended:
     params: list[str]  # those the loss depends on
     grads: dict[str, str | None]
     new_values: list[str]  # each parameter's next value, in params' order
+    notes: list[str]  # what the loss decided (class_axis="auto")
 
 
 def _extend(inference: Graph, prediction: str, params, trainable, loss: ILoss, optimizer: IOptimizer, rule):
@@ -194,13 +195,14 @@ def _extend(inference: Graph, prediction: str, params, trainable, loss: ILoss, o
     b = ShapedBuilder(g, rule=rule)
     lr = b.fresh("lr")
     target = b.fresh("target")
+    ctx = TrainingContext(b, lr=lr)
+    notes = loss.prepare(ctx, prediction)
     for name, info in (
         (target, loss.target_info(g.info(prediction))),
         (lr, TensorInfo(np.dtype("float32"), ())),
     ):
         b.graph.inputs.append(name)
         b.graph.values[name] = info
-    ctx = TrainingContext(b, lr=lr)
     loss_value = loss.build(ctx, prediction, target)
     if ctx.shape(loss_value) != ():
         raise UnsupportedError(
@@ -213,7 +215,7 @@ def _extend(inference: Graph, prediction: str, params, trainable, loss: ILoss, o
         raise UnsupportedError(f"the loss does not depend on trainable parameter(s) {unreached[:5]}")
     params = [p for p in params if grads[p] is not None]
     new_values = optimizer.make_multiple(ctx, params, [grads[p] for p in params])
-    return _Extended(b, ctx, lr, target, loss_value, params, grads, new_values)
+    return _Extended(b, ctx, lr, target, loss_value, params, grads, new_values, notes)
 
 
 def _pure_step(inference: Graph, ext: _Extended, rule) -> tuple[Graph, dict[str, np.ndarray], dict[str, str]]:

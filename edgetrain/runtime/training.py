@@ -24,6 +24,8 @@ from .feature_cache import DEFAULT_MAX_BYTES, FeatureCache
 from .fused import FusedOptimizer, finite, fusable, usable
 from .threads import apply_threads
 
+CLASS_LOSSES = ("CrossEntropyLoss", "NextTokenLoss")  # losses whose targets are class labels
+
 
 class TrainingSession:
     """Trains the model of an artifact (`.etrain`) on the device.
@@ -86,6 +88,7 @@ class TrainingSession:
         self._eval_program: Interpreter | None = None
         self._run_programs: dict[tuple, Interpreter] = {}
         self._target_info = art.program.values[io["target"]]
+        self._class_axis: tuple[int, list] = (1, [])  # (axis, output shape) of a cross-entropy's classes
         self._n_classes = self._classes()
         self._data_graph = None
         self._cache = None  # the frozen prefix's feature cache, when enabled
@@ -446,18 +449,24 @@ class TrainingSession:
 
     # ---- feeds -------------------------------------------------------------------------------------------------
     def _classes(self) -> int | None:
+        """The classes of a cross-entropy loss: the size of its class axis in the model's output (axis 1 unless
+        the artifact's loss names another, as a language model's -1)."""
         loss = self.artifact.header.get("loss", {})
-        if loss.get("type") != "CrossEntropyLoss":
+        if loss.get("type") not in CLASS_LOSSES:
             return None
         out = self.artifact.program.values.get(self._io["outputs"][0])
         shape = None if out is None else out.shape
-        if not shape or len(shape) < 2 or type(shape[1]) is not int or shape[1] < 1:
+        axis = loss.get("class_axis", 1)
+        rank = len(shape) if shape else 0
+        ok = rank >= 2 and type(axis) is int and -rank <= axis < rank and axis % rank != 0
+        if not ok or type(shape[axis]) is not int or shape[axis] < 1:
             raise ArtifactError(
-                f"'{self.artifact.path}' trains with CrossEntropyLoss, but its output "
-                f"'{self._io['outputs'][0]}' declares {out if out is not None else 'no shape'}, not [batch, classes, "
-                "...] with a known number of classes; rebuild it with `edgetrain convert`"
+                f"'{self.artifact.path}' trains with {loss['type']}, but its output '{self._io['outputs'][0]}' "
+                f"declares {out if out is not None else 'no shape'}, with no known number of classes along its "
+                f"class axis {axis!r}; rebuild it with `edgetrain convert`"
             )
-        return int(shape[1])
+        self._class_axis = (axis % rank, [int(d) if type(d) is int else d for d in shape])
+        return int(shape[axis])
 
     def _data_feeds(self, x: Any, *, fixed_batch: bool) -> dict[str, np.ndarray]:
         names = self._io["data_inputs"]
@@ -520,9 +529,10 @@ class TrainingSession:
                     text = f"{value:g}" if isinstance(value, float) else str(value)
                     where = f"sample {at[0]}" + (f", position {list(at[1:])}," if len(at) > 1 else "")
                     also = f", or {ignore} to ignore a sample" if ignore is not None else ""
+                    axis, shape = self._class_axis
                     raise FeedError(
                         f"label {text} is out of range: the model has {n} classes (0 to {n - 1}{also}); it is "
-                        f"{where} of the batch"
+                        f"{where} of the batch (the classes are axis {axis} of the model's output {shape})"
                     )
         elif y.dtype.kind == "f" and y.size and not np.all(np.abs(y) < 2**62):
             raise FeedError(f"labels must be integer class indices, got {y.dtype} values beyond any int")
