@@ -117,11 +117,12 @@ def linear3d(with_bias_add=True) -> onnx.ModelProto:
     return model(nodes, x, "y", inits, out_shape=["N", 3], opset=18)
 
 
-def test_bias_after_a_linear_map_is_a_parameter_but_an_add_after_a_biased_one_is_not():
+def test_bias_after_a_linear_map_is_a_parameter_and_an_add_after_a_biased_one_a_learned_constant():
     roles = find_roles(from_onnx(linear3d()))
-    assert roles.parameters == ["onnx::MatMul_7", "encoder.dense.bias", "head.weight", "head.bias"]
+    assert roles.parameters == ["onnx::MatMul_7", "encoder.dense.bias", "head.weight", "head.bias", "prior"]
     assert roles.entries["encoder.dense.bias"].role == "bias of MatMul"
-    assert roles.entries["prior"].kind == "constant"  # the Gemm has its own bias: this Add is not one
+    # the Gemm has its own bias: this Add is not one, but a tensor added to an activation, which its author trains
+    assert roles.entries["prior"].role == "learned constant (Add with an activation)"
     assert roles.entries["axes"].kind == "fixed"
 
 
@@ -159,6 +160,11 @@ def test_a_layernorm_written_out_trains_its_scale_and_bias():
     assert roles["eps"].kind == roles["two"].kind == "constant"
 
 
+# the sinusoidal position encoding of "Attention is all you need", T=4 positions of D=8: sin, cos, sin, cos, ...
+_ANGLES = np.arange(4)[:, None] / 10000 ** (np.arange(0, 8, 2) / 8)
+SINUSOID = np.stack([np.sin(_ANGLES), np.cos(_ANGLES)], axis=-1).reshape(4, 8).astype(np.float32)
+
+
 def embedding_model() -> onnx.ModelProto:
     """Token and position embeddings, as BERT exports them: the position table is gathered at constant positions
     (a buffer), which constant folding would turn into a [T, D] constant that no longer trains the table; a
@@ -175,7 +181,7 @@ def embedding_model() -> onnx.ModelProto:
         "tok.weight": f32(20, 8),
         "pos.weight": f32(10, 8),
         "position_ids": np.arange(4, dtype=np.int64),
-        "sinusoid": np.sin(np.arange(32, dtype=np.float32)).reshape(4, 8),
+        "sinusoid": SINUSOID,
         "axes": np.array([1], np.int64),
         "fc.weight": f32(3, 8),
         "fc.bias": f32(3),
@@ -189,6 +195,7 @@ def test_tables_gathered_at_constant_positions_train_and_export_cleanly(tmp_path
     art = et.convert(m, loss=et.CrossEntropyLoss(), optimizer=sgd(lr=1.0), batch_size=2)
     assert art.parameters == ["tok.weight", "pos.weight", "fc.weight", "fc.bias"]
     assert art.roles.entries["sinusoid"].kind == "constant"
+    assert art.roles.entries["sinusoid"].role.startswith("a table of sines and cosines")
     art.save(tmp_path / "m.etrain")
     sess = et.TrainingSession(tmp_path / "m.etrain")
     ids, y = np.array([[1, 2, 3, 4], [5, 6, 7, 1]]), np.array([0, 2])
@@ -198,7 +205,7 @@ def test_tables_gathered_at_constant_positions_train_and_export_cleanly(tmp_path
     # the position table's gradient, in closed form: every row t gets the mean over the batch of the gradient of
     # the pooled embedding (1/T of the logits' gradient through fc), which is the same for every position
     w, b = before["fc.weight"].astype(np.float64), before["fc.bias"].astype(np.float64)
-    emb = before["tok.weight"][ids] + before["pos.weight"][:4] + np.sin(np.arange(32)).reshape(4, 8)
+    emb = before["tok.weight"][ids] + before["pos.weight"][:4] + SINUSOID
     logits = emb.mean(1) @ w.T + b
     p = np.exp(logits - logits.max(1, keepdims=True))
     p /= p.sum(1, keepdims=True)

@@ -98,6 +98,20 @@ class _Walker:
             value = p.inputs[0]
         return value
 
+    def broadcast_source(self, value: str) -> str:
+        """The value under `value` through rearranging ops and broadcasts (Expand, Tile): a class token expanded to
+        the batch is still the initializer under it."""
+        seen = set()
+        while value not in self.graph.initializers and value not in seen:
+            seen.add(value)
+            p = self.producer.get(value)
+            if p is None or not p.inputs or not p.inputs[0]:
+                break
+            if not (record(p.op_type).rearranges or p.op_type in ("Expand", "Tile")):
+                break
+            value = p.inputs[0]
+        return value
+
     def made_by(self, value: str) -> Node | None:
         """The node that computes `value`, looking through rearranging ops (None for inputs and initializers)."""
         p = self.producer.get(value)
@@ -204,6 +218,8 @@ def find_roles(graph: Graph) -> Roles:
                 claim(mine, PARAMETER, "scale after a normalization", n)
             elif n.op_type == "Add" and _unbiased_linear(w, other, entries):
                 claim(mine, PARAMETER, f"bias of {w.made_by(other).op_type}", n)
+    _exporter_fills(graph, w, entries)
+    _learned_constants(graph, w, entries, claim)
     for name, r in entries.items():  # every reader, for `check` and for selecting by node name
         for reader in w.users(name):
             if reader.name not in r.nodes:
@@ -211,6 +227,151 @@ def find_roles(graph: Graph) -> Roles:
         r.aliases = w.aliases(name)
         r.scopes = [graph.scopes.get(n, "") for n in r.nodes]
     return Roles(entries)
+
+
+# ---- learned constants: tensors outside a weight role that the model's author trains ----------------------------
+_COMBINE = ("Add", "Sub", "Mul", "Div")  # a constant combined with an activation by these is a learned one
+_PREPROCESS = (
+    "Sub",
+    "Div",
+    "Mul",
+    "Add",
+    "Cast",
+    "Transpose",
+    "Reshape",
+    "Unsqueeze",
+    "Squeeze",
+    "Identity",
+    "Flatten",
+)
+MASK_MAGNITUDE = 1e4  # a value this large (or not finite) in a constant makes it a mask, not a learned tensor
+
+
+def _learned_constants(graph: Graph, w: _Walker, entries: dict[str, Role], claim) -> None:
+    """A float constant combined with an internal activation (Add, Sub, Mul, Div), joined to one (Concat, also
+    after an Expand: a class token), is a tensor the model's author trains: a position table, a class token, a layer
+    scale, a written-out norm's weight and bias. Not a literal number (one value), a mask (values beyond
+    MASK_MAGNITUDE or not finite, or a 0/1 pattern), a table of sines and cosines (positions, as buffers hold them),
+    nor what preprocesses a graph input (mean and std): those stay constants, and their role says which."""
+    data = _data_values(graph, w)
+    raw = _preprocessed(graph, w, entries)
+    found: dict[str, tuple[str, Node]] = {}  # candidate -> (how it meets an activation, the node)
+    for n in graph.nodes:
+        if n.op_type in _COMBINE and len(n.inputs) == 2:
+            operands = [(n.inputs[0], [n.inputs[1]]), (n.inputs[1], [n.inputs[0]])]
+        elif n.op_type == "Concat":
+            operands = [(i, [o for o in n.inputs if o != i]) for i in n.inputs if i]
+        else:
+            continue
+        for mine, others in operands:
+            src = w.broadcast_source(mine)
+            r = entries.get(src)
+            acts = [o for o in others if o in data]
+            if r is None or r.kind != CONSTANT or src not in graph.initializers or not acts:
+                continue
+            if all(o in raw for o in acts):  # (x - mean) / std on the input: preprocessing, not the model
+                r.role = r.role if r.role != "constant" else "preprocessing of a graph input"
+                continue
+            found.setdefault(src, (f"learned constant ({n.op_type} with an activation)", n))
+    tables = _position_tables({k: graph.initializers[k] for k in found})
+    for src, (role, node) in found.items():
+        why = tables.get(src) or _not_learned(graph.initializers[src])
+        if why:
+            entries[src].role = why
+        else:
+            claim(src, PARAMETER, role, node)
+
+
+def _not_learned(arr: np.ndarray) -> str:
+    """Why a constant that meets an activation is not a learned tensor ("" when nothing says so)."""
+    if arr.size <= 1:
+        return "a literal number"
+    if arr.dtype.kind != "f":
+        return ""
+    if not np.all(np.isfinite(arr)) or float(np.abs(arr).max()) >= MASK_MAGNITUDE:
+        return "a mask (values not finite or beyond ±1e4)"
+    values = np.unique(arr)
+    if values.size == 2 and values[0] == 0 and values[1] == 1:
+        return "a mask (a pattern of 0 and 1)"
+    return ""
+
+
+def _position_tables(arrays: dict[str, np.ndarray]) -> dict[str, str]:
+    """Constants that are tables of sines and cosines (a buffer, in PyTorch): one whose even and odd columns pair
+    up as sin and cos (sinusoidal positions), or two of one shape that do (rotary embeddings)."""
+    why = "a table of sines and cosines (position encodings, a buffer)"
+    out = {}
+    unit = {
+        k: a
+        for k, a in arrays.items()
+        if a.dtype.kind == "f" and a.ndim >= 1 and float(np.abs(a).max()) <= 1.0
+    }
+    for k, a in unit.items():
+        if a.shape[-1] >= 2 and a.shape[-1] % 2 == 0 and _pythagorean(a[..., 0::2], a[..., 1::2]):
+            out[k] = why
+    names = sorted(unit)
+    for i, k in enumerate(names):
+        for j in names[i + 1 :]:
+            if unit[k].shape == unit[j].shape and _pythagorean(unit[k], unit[j]):
+                out[k] = out[j] = why
+    return out
+
+
+def _pythagorean(s: np.ndarray, c: np.ndarray) -> bool:
+    return s.size >= 2 and bool(
+        np.allclose(s.astype(np.float64) ** 2 + c.astype(np.float64) ** 2, 1.0, atol=1e-4)
+    )
+
+
+def _data_values(graph: Graph, w: _Walker) -> set[str]:
+    """The values that depend on a graph input's values (not only on its shape), and are not integers."""
+    data = {i for i in graph.inputs if i not in graph.initializers}
+    for n in graph.nodes:
+        if not record(n.op_type).reads_shape and any(i in data for i in n.inputs if i):
+            data.update(o for o in n.outputs if o)
+    ints = {v for v in data if (info := graph.values.get(v)) is not None and np.dtype(info.dtype).kind != "f"}
+    return data - ints
+
+
+def _preprocessed(graph: Graph, w: _Walker, entries: dict[str, Role]) -> set[str]:
+    """The graph inputs and what elementwise ops with constants (no parameter) make of them before the model
+    proper: an image scaled, its mean subtracted, divided by its std, transposed."""
+    raw = {i for i in graph.inputs if i not in graph.initializers}
+    for n in graph.nodes:
+        if n.op_type not in _PREPROCESS:
+            continue
+        shape_pos = record(n.op_type).shape_inputs
+        ins = [i for k, i in enumerate(n.inputs) if i and k not in shape_pos]
+        computed = [i for i in ins if i not in w.computable]
+        params = [i for i in ins if (r := entries.get(w.source(i))) is not None and r.kind == PARAMETER]
+        if computed and all(i in raw for i in computed) and not params:
+            raw.update(o for o in n.outputs if o)
+    return raw
+
+
+def _exporter_fills(graph: Graph, w: _Walker, entries: dict[str, Role]) -> None:
+    """A GroupNorm exported below opset 18 is Reshape -> InstanceNormalization(ones, zeros) -> Reshape -> Mul -> Add:
+    the ones and zeros are the exporter's, the Mul and Add after them hold the real scale and bias. Those ones and
+    zeros never train."""
+    for n in graph.nodes:
+        if n.op_type != "InstanceNormalization" or len(n.inputs) < 3 or not n.outputs:
+            continue
+        scale, bias = w.source(n.inputs[1]), w.source(n.inputs[2])
+        s, b = graph.initializers.get(scale), graph.initializers.get(bias)
+        if s is None or b is None or not (np.all(s == 1) and np.all(b == 0)):
+            continue
+        affine = [
+            u
+            for u in w.users(n.outputs[0])
+            if u.op_type == "Mul" and any(w.is_float_constant(w.source(i)) for i in u.inputs if i)
+        ]
+        if affine:
+            why = (
+                f"the exporter's fill for a GroupNorm: its scale and bias are the Mul after it "
+                f"('{affine[0].name}') and the Add after that"
+            )
+            for name in (scale, bias):
+                entries[name].kind, entries[name].role = CONSTANT, why
 
 
 def _unbiased_linear(w: _Walker, value: str, entries: dict[str, Role]) -> bool:
