@@ -82,7 +82,10 @@ def run_convert(args: argparse.Namespace) -> int:
             f"converting {args.model}: import, loss, gradients, optimizer, memory plan ...", file=sys.stderr
         )
     t0 = time.perf_counter()
-    options = dict(loss=loss, optimizer=optimizer, trainable=args.trainable, output=args.model_output)
+    untie = False if args.untie is None else (args.untie or True)  # --untie alone: every tie
+    options = dict(
+        loss=loss, optimizer=optimizer, trainable=args.trainable, output=args.model_output, untie=untie
+    )
     fallback = None
     try:
         art = convert(args.model, batch_size=args.batch_size or 32, **options)

@@ -132,6 +132,13 @@ def convert_arguments(c: argparse.ArgumentParser) -> None:
         help="parameters to train: names or glob patterns (default: all), e.g. 'fc.*'",
     )
     c.add_argument(
+        "--untie",
+        nargs="*",
+        metavar="NAME",
+        help="keep apart the copies of one tensor that would train as one (all of them, or those named); "
+        "`edgetrain check` lists the ties",
+    )
+    c.add_argument(
         "--batch-size",
         type=int,
         help="the training batch (default 32): fixes a symbolic batch dimension, and re-batches a model exported "

@@ -12,6 +12,7 @@ scale (a LayerNorm or RMSNorm written out in elementwise ops), whose following A
 from __future__ import annotations
 
 import fnmatch
+import itertools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from edgetrain.core.errors import UnsupportedError
-from edgetrain.core.ir import Graph, Node, TensorInfo
+from edgetrain.core.ir import Graph, GraphBuilder, Node, TensorInfo
 from edgetrain.core.ops import record
 
 PARAMETER, CONSTANT, FIXED = "parameter", "constant", "fixed"
@@ -557,3 +558,95 @@ def refold_copies(graph: Graph, roles: Roles) -> tuple[Graph, list[str]]:
         for name, (p, shape) in swaps.items()
     ]
     return g, notes
+
+
+# ---- ties: one tensor under several names ------------------------------------------------------------------------
+def tie_copies(graph: Graph, roles: Roles, *, untie: bool | Sequence[str] = False) -> tuple[Graph, list[str]]:
+    """Parameters that hold one tensor under several names become that one tensor: the copies an exporter writes
+    of a tied weight (GPT-2's lm_head is its token table: TorchScript stores it transposed, dynamo twice). A copy is
+    equal to the parameter, or its transpose, or a reshape of it, with varied values (two fills of ones are not a
+    tie); and an equal copy must read in another role (a table gathered and a MatMul weight), since equal tensors of
+    one role are clones (nn.TransformerEncoder's layers start equal, and train apart). The copy is then computed from
+    the parameter (Identity, Transpose or Reshape), so the parameter trains with the sum of both gradients and the
+    exported model reads it back in both places. untie=True (or the names of copies) keeps them apart."""
+    params = [p for p in roles.parameters if (a := graph.initializers.get(p)) is not None and _varied(a)]
+    order = {p: k for k, p in enumerate(params)}
+    ties: dict[str, tuple[str, str, dict]] = {}  # copy -> (parameter, op, attrs)
+    for group in _same_values(graph, params):
+        # the one that keeps the name: a module path over a made-up name, a token table over its copy as a head
+        first, *rest = sorted(
+            group, key=lambda p: (_generated(p), _role_kind(roles, p) != "embedding table", order[p])
+        )
+        for copy in rest:
+            how = _relation(graph.initializers[first], graph.initializers[copy])
+            if how is None or how[0] == "Identity" and _role_kind(roles, first) == _role_kind(roles, copy):
+                continue
+            if untie is True or (not isinstance(untie, bool) and copy in untie):
+                continue
+            ties[copy] = (first, *how)
+    if not ties:
+        return graph, []
+    g = graph.copy(nodes=[], initializers={k: v for k, v in graph.initializers.items() if k not in ties})
+    b = GraphBuilder(g)
+    for copy, (first, op, attrs) in ties.items():
+        inputs = [first]
+        if op == "Reshape":
+            inputs.append(b.initializer(f"{copy}_shape", np.asarray(attrs.pop("shape"), np.int64)))
+        g.nodes.append(Node(op, tuple(inputs), (copy,), attrs, name=f"{copy}_tied"))
+    g.nodes.extend(graph.nodes)
+    words = {"Identity": "a copy", "Transpose": "the transpose", "Reshape": "a reshape"}
+    notes = [
+        f"tied: '{copy}' is {words[op]} of '{first}' (the exporter wrote one tensor twice): it trains as one, with "
+        "the sum of both gradients, and the exported model reads it in both places (untie= keeps them apart)"
+        for copy, (first, op, _) in ties.items()
+    ]
+    return g, notes
+
+
+def _varied(a: np.ndarray) -> bool:
+    return a.dtype.kind == "f" and a.size >= 2 and bool(a.min() != a.max())
+
+
+def _generated(name: str) -> bool:
+    """A name an exporter made up (onnx::MatMul_692, val_39), not a module path: the other copy names the tensor."""
+    return name.startswith(("onnx::", "val_", "/", "_")) or name.split("_")[0] in ("initializer", "const")
+
+
+def _role_kind(roles: Roles, name: str) -> str:
+    """'weight of MatMul' -> 'weight', 'embedding table of Gather' -> 'embedding table': what the tensor is."""
+    return roles.entries[name].role.split(" of ")[0]
+
+
+def _same_values(graph: Graph, names: list[str]) -> list[list[str]]:
+    """Groups of tensors that may hold the same values in another layout: the same dtype and size, and the same sum
+    and sum of squares up to the rounding of adding them up in another order (the caller checks exactly)."""
+    buckets: dict[tuple, list[tuple[str, float, float, float]]] = {}
+    for n in names:
+        a = graph.initializers[n]
+        x = a.astype(np.float64).ravel()
+        buckets.setdefault((a.dtype.str, a.size), []).append(
+            (n, float(x.sum()), float(x @ x), float(np.abs(x).sum()))
+        )
+    groups = []
+    for rest in buckets.values():
+        while len(rest) > 1:
+            _, s, q, l1 = rest[0]
+            same = [m for m in rest if abs(m[1] - s) <= 1e-6 * l1 and abs(m[2] - q) <= 1e-6 * q]
+            if len(same) > 1:
+                groups.append([m[0] for m in same])
+            rest = [m for m in rest if m not in same]
+    return groups
+
+
+def _relation(a: np.ndarray, b: np.ndarray) -> tuple[str, dict] | None:
+    """How b is made of a: ("Identity", {}), ("Transpose", {"perm": ...}), ("Reshape", {"shape": ...}), or None."""
+    if a.shape == b.shape and np.array_equal(a, b):
+        return "Identity", {}
+    if a.ndim <= 4:
+        for perm in itertools.permutations(range(a.ndim)):
+            if list(perm) != list(range(a.ndim)) and a.transpose(perm).shape == b.shape:
+                if np.array_equal(a.transpose(perm), b):
+                    return "Transpose", {"perm": list(perm)}
+    if a.shape != b.shape and np.array_equal(a.reshape(b.shape), b):
+        return "Reshape", {"shape": list(b.shape)}
+    return None

@@ -29,7 +29,7 @@ from .autodiff.context import ShapedBuilder, default_shape_rule
 from .autodiff.driver import differentiate
 from .losses import ILoss
 from .optimizers import IOptimizer, TrainingContext
-from .params import Roles, find_roles, refold_copies, select_trainable, untie_merged
+from .params import Roles, find_roles, refold_copies, select_trainable, tie_copies, untie_merged
 
 
 def _rename(graph: Graph, mapping: dict[str, str]) -> None:
@@ -56,11 +56,12 @@ def convert(
     trainable: str | Sequence[str] | None = None,
     batch_size: int | None = None,
     output: str | None = None,
+    untie: bool | Sequence[str] = False,
 ) -> TrainingArtifact:
     """ONNX inference model (path, bytes, onnx.ModelProto, or a static edgetrain Graph) -> TrainingArtifact.
     loss: any ILoss; optimizer: any IOptimizer; trainable: None for every parameter, or names / glob patterns;
     batch_size fixes a symbolic batch dimension; output names the model output the loss reads (default: the
-    first)."""
+    first); untie=True (or names) keeps apart the copies of one tensor that would train as one (see the notes)."""
     if not isinstance(loss, ILoss):
         raise UnsupportedError(
             f"loss must be an ILoss (e.g. et.CrossEntropyLoss()), not {type(loss).__name__}"
@@ -71,10 +72,10 @@ def convert(
         )
     source = os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
     with about(source):  # every fault found on the way names the model file
-        return _convert(model, loss, optimizer, trainable, batch_size, output)
+        return _convert(model, loss, optimizer, trainable, batch_size, output, untie)
 
 
-def _convert(model, loss, optimizer, trainable, batch_size, output) -> TrainingArtifact:
+def _convert(model, loss, optimizer, trainable, batch_size, output, untie) -> TrainingArtifact:
     """The stages: import -> parameter roles -> static shapes (re-batched) -> loss -> autodiff -> optimizer -> the
     step as a pure function -> the fused step. The memory plan and the file come with TrainingArtifact.save."""
     # onnx's shape inference where onnx is installed: large values stay unallocated
@@ -84,7 +85,7 @@ def _convert(model, loss, optimizer, trainable, batch_size, output) -> TrainingA
         node
     ) in imported.nodes:  # an op edgetrain does not run is the first thing to say (a quantized model, say)
         compile_step(node)
-    m = _static_model(imported, trainable, batch_size, rule)
+    m = _static_model(imported, trainable, batch_size, rule, untie)
     prediction, params = _trainable(m.inference, m.chosen, trainable, output)
     ext = _extend(m.inference, prediction, params, trainable, loss, optimizer, rule)
     graph, initial, updates = _pure_step(m.inference, ext, rule)
@@ -136,11 +137,11 @@ class _StaticModel:
     notes: list[str]
 
 
-def _static_model(imported: Graph, trainable, batch_size: int | None, rule) -> _StaticModel:
+def _static_model(imported: Graph, trainable, batch_size: int | None, rule, untie) -> _StaticModel:
     """Roles decided on the graph as imported, before anything is folded (folding then never goes through a
     parameter: an embedding table gathered at constant positions stays a table that trains); the base graph;
     the inference graph made static at the training batch (a fixed-batch export re-batched, and checked)."""
-    imported, roles, untied = read_roles(imported)
+    imported, roles, untied = read_roles(imported, untie=untie)
     chosen = select_trainable(roles, trainable)
     base = fold_constants(imported, fold_shapes=False, keep=set(roles.parameters) | set(chosen), rule=rule)
     roles = roles.finalize(base)
@@ -265,17 +266,21 @@ def _fused_program(
     }
 
 
-def read_roles(imported: Graph) -> tuple[Graph, Roles, list[str]]:
+def read_roles(imported: Graph, *, untie: bool | Sequence[str] = False) -> tuple[Graph, Roles, list[str]]:
     """The graph as imported, with what exporters did to tensors undone (merged tensors of different kinds,
-    batch-fixed recurrent states, parameters folded into constants), and every initializer's role on it; the notes
-    that say what was undone. `convert` and `check` read a model the same way."""
+    batch-fixed recurrent states, parameters folded into constants, one tensor written twice), and every
+    initializer's role on it; the notes that say what was undone. `convert` and `check` read a model the same
+    way."""
     imported, untied = untie_merged(imported)
     imported, states = batch_free_states(imported)
     roles = find_roles(imported)
     imported, refolded = refold_copies(imported, roles)
     if refolded:
         roles = find_roles(imported)
-    return imported, roles, untied + states + refolded
+    imported, tied = tie_copies(imported, roles, untie=untie)
+    if tied:
+        roles = find_roles(imported)
+    return imported, roles, untied + states + refolded + tied
 
 
 def _rebatch(base: Graph, batch_size: int | None, rule=None) -> tuple[BatchPlan | None, list[str]]:
