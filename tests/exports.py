@@ -440,17 +440,26 @@ class LogitsOf(nn.Module):
         ).logits
 
 
-def export_lm(
-    lm: nn.Module, ids: torch.Tensor, path: str | Path, *, exporter: str, symbolic: bool = True
-) -> None:
-    """LogitsOf(lm) exported with its input named input_ids. transformers 4.57 builds its attention masks with
-    vmap, which the TorchScript exporter cannot trace: its older mask function is used for that export."""
+@contextlib.contextmanager
+def traceable_masks(exporter: str):
+    """transformers 4.57 builds its attention masks with vmap, which the TorchScript exporter cannot trace: its
+    older mask function stands in while such an export runs."""
     import transformers.masking_utils as masks
 
     recent = masks.sdpa_mask
     if exporter == "torchscript":
         masks.sdpa_mask = masks.sdpa_mask_older_torch
     try:
+        yield
+    finally:
+        masks.sdpa_mask = recent
+
+
+def export_lm(
+    lm: nn.Module, ids: torch.Tensor, path: str | Path, *, exporter: str, symbolic: bool = True
+) -> None:
+    """LogitsOf(lm) exported with its input named input_ids (see traceable_masks)."""
+    with traceable_masks(exporter):
         export_module(
             LogitsOf(lm).eval(),
             ids,
@@ -460,5 +469,3 @@ def export_lm(
             symbolic=symbolic,
             input_name="input_ids",
         )
-    finally:
-        masks.sdpa_mask = recent

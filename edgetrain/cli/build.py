@@ -84,7 +84,12 @@ def run_convert(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     untie = False if args.untie is None else (args.untie or True)  # --untie alone: every tie
     options = dict(
-        loss=loss, optimizer=optimizer, trainable=args.trainable, output=args.model_output, untie=untie
+        loss=loss,
+        optimizer=optimizer,
+        trainable=args.trainable,
+        output=args.model_output,
+        untie=untie,
+        parameters=args.parameters,
     )
     fallback = None
     try:

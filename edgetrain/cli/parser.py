@@ -132,6 +132,12 @@ def convert_arguments(c: argparse.ArgumentParser) -> None:
         help="parameters to train: names or glob patterns (default: all), e.g. 'fc.*'",
     )
     c.add_argument(
+        "--parameters",
+        metavar="FILE",
+        help='a parameter manifest (JSON: {"parameters": {ONNX name: name}}) that says what trains, for a model '
+        "without its own (edgetrain.torch_export writes one into the model)",
+    )
+    c.add_argument(
         "--untie",
         nargs="*",
         metavar="NAME",

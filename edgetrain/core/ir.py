@@ -102,6 +102,8 @@ class Graph:
     # node name -> the module path an exporter recorded for it ('/layer4/layer4.0/layer4.0.conv1'), when its name
     # does not say it (torch's dynamo exporter names nodes node_Conv_340); used to select layers by pattern
     scopes: dict[str, str] = field(default_factory=dict)
+    # the model's metadata_props (an exporter's, a manifest of its parameters): read by the build side, not stored
+    metadata: dict[str, str] = field(default_factory=dict)
 
     # ---- queries -------------------------------------------------------------------------------------------
     def producers(self) -> dict[str, Node]:
@@ -132,6 +134,7 @@ class Graph:
             name=self.name,
             opsets=dict(self.opsets),
             scopes=dict(self.scopes),
+            metadata=dict(self.metadata),
         )
         fields.update(changes)
         return Graph(**fields)

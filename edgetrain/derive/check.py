@@ -40,6 +40,7 @@ class ParameterInfo:
     role: str  # e.g. "weight of Conv", "running mean of BatchNormalization", "constant"
     nodes: list[str] = field(default_factory=list)  # the nodes that read it
     aliases: list[str] = field(default_factory=list)  # other names the exporter gave it (Identity copies)
+    author: str = ""  # its author's name (a parameter manifest's)
 
 
 @dataclass
@@ -108,8 +109,11 @@ class CheckReport:
 
 
 def _param_line(p: ParameterInfo, width: int) -> str:
+    """name, shape, the decision's reason, and what a pattern can target: its author's name, else the module paths
+    (or names) of the nodes that read it."""
     nodes = ", ".join(p.nodes[:2]) + (f" (+{len(p.nodes) - 2} more)" if len(p.nodes) > 2 else "")
-    return f"  {p.name:{width}s}  {str(list(p.shape)).replace(' ', ''):14s} {p.role:38s} {nodes}"
+    target = f"'{p.author}', read by {nodes}" if p.author else nodes
+    return f"  {p.name:{width}s}  {str(list(p.shape)).replace(' ', ''):14s} {p.role:38s} {target}"
 
 
 def check(model: Any, *, batch_size: int | None = 1) -> CheckReport:
@@ -176,6 +180,7 @@ def _parameters(roles: Roles) -> list[ParameterInfo]:
                 scope or node for node, scope in zip(r.nodes, r.scopes)
             ],  # module paths where the names lack them
             r.aliases,
+            r.author,
         )
         for r in roles.entries.values()
         if r.kind != FIXED or r.dtype.startswith("float")

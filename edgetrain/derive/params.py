@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from edgetrain.core.errors import UnsupportedError
+from edgetrain.core.errors import ModelError, UnsupportedError
 from edgetrain.core.ir import Graph, GraphBuilder, Node, TensorInfo
 from edgetrain.core.ops import record
 
@@ -40,6 +40,7 @@ class Role:
     aliases: list[str] = field(default_factory=list)
     # module paths of the reading nodes, where the exporter recorded them (else "")
     scopes: list[str] = field(default_factory=list)
+    author: str = ""  # the name its author gave it (a parameter manifest's), when the model came with one
 
 
 @dataclass
@@ -71,7 +72,15 @@ class Roles:
             kind = r.kind if arr.dtype.kind == "f" or r.kind == FIXED else FIXED
             shape = tuple(int(d) for d in arr.shape)
             out[name] = Role(
-                name, kind, r.role, list(r.nodes), shape, arr.dtype.name, list(r.aliases), list(r.scopes)
+                name,
+                kind,
+                r.role,
+                list(r.nodes),
+                shape,
+                arr.dtype.name,
+                list(r.aliases),
+                list(r.scopes),
+                r.author,
             )
         return Roles(out)
 
@@ -430,7 +439,7 @@ def select_trainable(roles: Roles, trainable: str | Sequence[str] | None) -> lis
 
 def _matches(r: Role, pat: str) -> bool:
     """A pattern selects a tensor by its own name, or by the name or module path of a node that reads it."""
-    return any(fnmatch.fnmatchcase(n, pat) for n in [r.name, *r.nodes, *r.scopes] if n)
+    return any(fnmatch.fnmatchcase(n, pat) for n in [r.name, r.author, *r.nodes, *r.scopes] if n)
 
 
 def _no_match(roles: Roles, pat: str) -> str:
@@ -561,14 +570,19 @@ def refold_copies(graph: Graph, roles: Roles) -> tuple[Graph, list[str]]:
 
 
 # ---- ties: one tensor under several names ------------------------------------------------------------------------
-def tie_copies(graph: Graph, roles: Roles, *, untie: bool | Sequence[str] = False) -> tuple[Graph, list[str]]:
+def tie_copies(
+    graph: Graph, roles: Roles, *, untie: bool | Sequence[str] = False, forced: dict[str, str] | None = None
+) -> tuple[Graph, list[str]]:
     """Parameters that hold one tensor under several names become that one tensor: the copies an exporter writes
     of a tied weight (GPT-2's lm_head is its token table: TorchScript stores it transposed, dynamo twice). A copy is
     equal to the parameter, or its transpose, or a reshape of it, with varied values (two fills of ones are not a
     tie); and an equal copy must read in another role (a table gathered and a MatMul weight), since equal tensors of
     one role are clones (nn.TransformerEncoder's layers start equal, and train apart). The copy is then computed from
     the parameter (Identity, Transpose or Reshape), so the parameter trains with the sum of both gradients and the
-    exported model reads it back in both places. untie=True (or the names of copies) keeps them apart."""
+    exported model reads it back in both places. untie=True (or the names of copies) keeps them apart. forced
+    ({copy: parameter}, a manifest's) ties exactly those, and nothing else."""
+    if forced is not None:
+        return _tie(graph, _forced_ties(graph, forced))
     params = [p for p in roles.parameters if (a := graph.initializers.get(p)) is not None and _varied(a)]
     order = {p: k for k, p in enumerate(params)}
     ties: dict[str, tuple[str, str, dict]] = {}  # copy -> (parameter, op, attrs)
@@ -584,6 +598,24 @@ def tie_copies(graph: Graph, roles: Roles, *, untie: bool | Sequence[str] = Fals
             if untie is True or (not isinstance(untie, bool) and copy in untie):
                 continue
             ties[copy] = (first, *how)
+    return _tie(graph, ties)
+
+
+def _forced_ties(graph: Graph, forced: dict[str, str]) -> dict[str, tuple[str, str, dict]]:
+    ties = {}
+    for copy, first in forced.items():
+        how = _relation(graph.initializers[first], graph.initializers[copy])
+        if how is None:
+            raise ModelError(
+                f"the parameter manifest gives '{copy}' and '{first}' one name, but they are not one tensor (neither "
+                "equal, nor a transpose or reshape of the other)"
+            )
+        ties[copy] = (first, *how)
+    return ties
+
+
+def _tie(graph: Graph, ties: dict[str, tuple[str, str, dict]]) -> tuple[Graph, list[str]]:
+    """The graph with each copy computed from its parameter (Identity, Transpose, Reshape); notes that say so."""
     if not ties:
         return graph, []
     g = graph.copy(nodes=[], initializers={k: v for k, v in graph.initializers.items() if k not in ties})
@@ -650,3 +682,19 @@ def _relation(a: np.ndarray, b: np.ndarray) -> tuple[str, dict] | None:
     if a.shape != b.shape and np.array_equal(a.reshape(b.shape), b):
         return "Reshape", {"shape": list(b.shape)}
     return None
+
+
+def apply_manifest(roles: Roles, manifest) -> Roles:
+    """The roles with the manifest's word on what trains: its parameters train, whatever their role; every other
+    tensor does not, and says why. Each keeps the role read from the graph, and the author's name."""
+    out = {}
+    for name, r in roles.entries.items():
+        r = Role(name, r.kind, r.role, r.nodes, r.shape, r.dtype, r.aliases, r.scopes, manifest.author(name))
+        if name in manifest.parameters:
+            r.kind, r.role = PARAMETER, f"{r.role or 'a tensor'} (in the manifest)"
+        elif name in manifest.frozen:
+            r.kind, r.role = CONSTANT, f"{r.role or 'a tensor'} (frozen by its author: the manifest)"
+        elif r.kind == PARAMETER:
+            r.kind, r.role = CONSTANT, f"{r.role} (not in the manifest)"
+        out[name] = r
+    return Roles(out)

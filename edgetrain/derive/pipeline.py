@@ -28,8 +28,17 @@ from .artifact import UPDATED, TrainingArtifact
 from .autodiff.context import ShapedBuilder, default_shape_rule
 from .autodiff.driver import differentiate
 from .losses import ILoss
+from .manifest import read_manifest
 from .optimizers import IOptimizer, TrainingContext
-from .params import Roles, find_roles, refold_copies, select_trainable, tie_copies, untie_merged
+from .params import (
+    Roles,
+    apply_manifest,
+    find_roles,
+    refold_copies,
+    select_trainable,
+    tie_copies,
+    untie_merged,
+)
 
 
 def _rename(graph: Graph, mapping: dict[str, str]) -> None:
@@ -57,11 +66,14 @@ def convert(
     batch_size: int | None = None,
     output: str | None = None,
     untie: bool | Sequence[str] = False,
+    parameters: Any = None,
 ) -> TrainingArtifact:
     """ONNX inference model (path, bytes, onnx.ModelProto, or a static edgetrain Graph) -> TrainingArtifact.
     loss: any ILoss; optimizer: any IOptimizer; trainable: None for every parameter, or names / glob patterns;
     batch_size fixes a symbolic batch dimension; output names the model output the loss reads (default: the
-    first); untie=True (or names) keeps apart the copies of one tensor that would train as one (see the notes)."""
+    first); untie=True (or names) keeps apart the copies of one tensor that would train as one (see the notes);
+    parameters is a parameter manifest (a dict or a JSON file) that says what trains, when the model does not carry
+    its own (edgetrain.torch_export writes one into the model)."""
     if not isinstance(loss, ILoss):
         raise UnsupportedError(
             f"loss must be an ILoss (e.g. et.CrossEntropyLoss()), not {type(loss).__name__}"
@@ -72,10 +84,10 @@ def convert(
         )
     source = os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
     with about(source):  # every fault found on the way names the model file
-        return _convert(model, loss, optimizer, trainable, batch_size, output, untie)
+        return _convert(model, loss, optimizer, trainable, batch_size, output, (untie, parameters))
 
 
-def _convert(model, loss, optimizer, trainable, batch_size, output, untie) -> TrainingArtifact:
+def _convert(model, loss, optimizer, trainable, batch_size, output, reading) -> TrainingArtifact:
     """The stages: import -> parameter roles -> static shapes (re-batched) -> loss -> autodiff -> optimizer -> the
     step as a pure function -> the fused step. The memory plan and the file come with TrainingArtifact.save."""
     # onnx's shape inference where onnx is installed: large values stay unallocated
@@ -85,7 +97,7 @@ def _convert(model, loss, optimizer, trainable, batch_size, output, untie) -> Tr
         node
     ) in imported.nodes:  # an op edgetrain does not run is the first thing to say (a quantized model, say)
         compile_step(node)
-    m = _static_model(imported, trainable, batch_size, rule, untie)
+    m = _static_model(imported, trainable, batch_size, rule, reading)
     prediction, params = _trainable(m.inference, m.chosen, trainable, output)
     ext = _extend(m.inference, prediction, params, trainable, loss, optimizer, rule)
     graph, initial, updates = _pure_step(m.inference, ext, rule)
@@ -137,11 +149,12 @@ class _StaticModel:
     notes: list[str]
 
 
-def _static_model(imported: Graph, trainable, batch_size: int | None, rule, untie) -> _StaticModel:
+def _static_model(imported: Graph, trainable, batch_size: int | None, rule, reading) -> _StaticModel:
     """Roles decided on the graph as imported, before anything is folded (folding then never goes through a
     parameter: an embedding table gathered at constant positions stays a table that trains); the base graph;
     the inference graph made static at the training batch (a fixed-batch export re-batched, and checked)."""
-    imported, roles, untied = read_roles(imported, untie=untie)
+    untie, parameters = reading
+    imported, roles, untied = read_roles(imported, untie=untie, parameters=parameters)
     chosen = select_trainable(roles, trainable)
     base = fold_constants(imported, fold_shapes=False, keep=set(roles.parameters) | set(chosen), rule=rule)
     roles = roles.finalize(base)
@@ -266,21 +279,33 @@ def _fused_program(
     }
 
 
-def read_roles(imported: Graph, *, untie: bool | Sequence[str] = False) -> tuple[Graph, Roles, list[str]]:
+def read_roles(
+    imported: Graph, *, untie: bool | Sequence[str] = False, parameters: Any = None
+) -> tuple[Graph, Roles, list[str]]:
     """The graph as imported, with what exporters did to tensors undone (merged tensors of different kinds,
     batch-fixed recurrent states, parameters folded into constants, one tensor written twice), and every
     initializer's role on it; the notes that say what was undone. `convert` and `check` read a model the same
-    way."""
+    way. parameters: a parameter manifest (a dict or a JSON file; see edgetrain.derive.manifest), else the model's
+    own, if it has one: then it alone decides what trains."""
+    manifest = read_manifest(imported, parameters)
     imported, untied = untie_merged(imported)
     imported, states = batch_free_states(imported)
     roles = find_roles(imported)
     imported, refolded = refold_copies(imported, roles)
     if refolded:
         roles = find_roles(imported)
-    imported, tied = tie_copies(imported, roles, untie=untie)
+    forced = manifest.ties() if manifest is not None else None
+    imported, tied = tie_copies(imported, roles, untie=untie, forced=forced)
     if tied:
         roles = find_roles(imported)
-    return imported, roles, untied + states + refolded + tied
+    notes = untied + states + refolded + tied
+    if manifest is not None:
+        roles = apply_manifest(roles, manifest)
+        notes.append(
+            f"the parameters are those of the model's manifest ({manifest.source}): {len(manifest.parameters)} "
+            f"tensor(s) train, {len(manifest.frozen)} frozen by their author"
+        )
+    return imported, roles, notes
 
 
 def _rebatch(base: Graph, batch_size: int | None, rule=None) -> tuple[BatchPlan | None, list[str]]:

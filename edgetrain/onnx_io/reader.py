@@ -29,6 +29,9 @@ from .proto import helper, numpy_helper, onnx, why
 from .shapes import check_types, node_shapes
 
 MIN_OPSET = 7
+MAX_METADATA_CHARS = (
+    16 << 20
+)  # a model's metadata_props value kept (a parameter manifest); longer ones are dropped
 CANONICAL_OPSET = 18  # every node is rewritten into its form at max(model opset, this)
 
 
@@ -561,6 +564,7 @@ def _from_proto(proto: onnx.ModelProto, max_bytes: int) -> Graph:
     graph = b.finish()
     # ONNX lists nodes in topological order; a graph that does not is sorted, and a cycle is a ModelError
     graph.nodes = toposort(graph.nodes, available=set(graph.inputs) | set(graph.initializers))
+    graph.metadata = {p.key: p.value for p in proto.metadata_props if len(p.value) <= MAX_METADATA_CHARS}
     return graph
 
 
