@@ -133,6 +133,15 @@ def test_full_fine_tuning_trains_named_parameters_and_follows_pytorch(
         mine = _as_torch(got[p], art.initial[p], initial[t].detach().numpy())
         np.testing.assert_allclose(mine, want, rtol=1e-4, atol=1e-6, err_msg=t)
         worst = max(worst, float(np.abs(mine - want).max() / (np.abs(want).max() + 1e-12)))
+    # the personalized model keeps the export's signature: onnxruntime runs it at any batch
+    ort = pytest.importorskip("onnxruntime", reason="onnxruntime is optional")
+    exported = tmp_path_factory.mktemp("exported") / "p.onnx"
+    sess.export_onnx(str(exported))
+    runner = ort.InferenceSession(str(exported))
+    for batch in (1, 2, BATCH):
+        xb = families.example(name, batch, seed=5)
+        (got_b,) = runner.run(None, {runner.get_inputs()[0].name: xb})
+        np.testing.assert_allclose(got_b, sess.run(xb), rtol=1e-4, atol=1e-5, err_msg=f"batch {batch}")
     report(
         "3 SGD-momentum steps against PyTorch (max relative parameter difference)",
         f"{name} {exporter} {opset}: {worst:.1e}",
@@ -182,6 +191,13 @@ def test_a_tied_head_trains_as_one_tensor_and_follows_pytorch(tmp_path, report):
         report(
             "a tied head (GPT-2)", f"{exporter}: {len(art.parameters)} / {len(found)} tensors, losses {ours}"
         )
+        ort = pytest.importorskip("onnxruntime", reason="onnxruntime is optional")
+        sess.export_onnx(str(tmp_path / f"p-{exporter}.onnx"))  # one token table, read in both places
+        runner = ort.InferenceSession(str(tmp_path / f"p-{exporter}.onnx"))
+        for batch in (1, 2, 3):
+            xb = np.random.default_rng(batch).integers(1, exports.GPT2_VOCAB, (batch, exports.GPT2_SEQ))
+            (got_b,) = runner.run(None, {"input_ids": xb})
+            np.testing.assert_allclose(got_b, sess.run(xb), rtol=1e-4, atol=1e-5, err_msg=f"batch {batch}")
         untied = et.convert(path, loss=et.NextTokenLoss(), optimizer=et.SGD(lr=0.1), batch_size=2, untie=True)
         assert len(untied.parameters) == len(art.parameters) + 1
 

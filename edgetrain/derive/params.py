@@ -525,9 +525,11 @@ def refold_copies(graph: Graph, roles: Roles) -> tuple[Graph, list[str]]:
     def varied(v: np.ndarray) -> bool:  # two distinct values at least (O(n): no sort of a large tensor)
         return v.size >= 2 and bool(v.min() != v.max())
 
+    # a constant, or a tensor read as a learned one (it meets an activation), that is a parameter broadcast
+    learned = [n for n in roles.parameters if roles.entries[n].role.startswith("learned constant")]
     consts = {
         name: c
-        for name in roles.constants
+        for name in [*roles.constants, *learned]
         if (c := graph.initializers.get(name)) is not None
         and c.dtype.kind == "f"
         and c.ndim > 0
@@ -535,7 +537,9 @@ def refold_copies(graph: Graph, roles: Roles) -> tuple[Graph, list[str]]:
         and varied(c)
     }
     params = {
-        p: v for p in roles.parameters if (v := graph.initializers.get(p)) is not None and v.dtype.kind == "f"
+        p: v
+        for p in roles.parameters
+        if p not in consts and (v := graph.initializers.get(p)) is not None and v.dtype.kind == "f"
     }
     swaps: dict[str, tuple[str, tuple[int, ...]]] = {}
     for name, c in consts.items():

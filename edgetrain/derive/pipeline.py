@@ -166,7 +166,33 @@ def _static_model(imported: Graph, trainable, batch_size: int | None, rule, read
         from edgetrain.onnx_io.shapes import check_types  # onnx is installed: the rule came from it
 
         check_types(inference)
-    return _StaticModel(inference, base, roles, chosen, plan, untied + notes)
+    return _StaticModel(inference, base, roles, chosen, plan, untied + _decisions(roles) + notes)
+
+
+def _decisions(roles: Roles) -> list[str]:
+    """What was decided beyond the weight roles, and why: the learned tensors that train, and the float tensors
+    that meet an activation but do not (masks, position tables, preprocessing, the exporter's fills)."""
+    learned = [
+        n for n, r in roles.entries.items() if r.kind == "parameter" and r.role.startswith("learned constant")
+    ]
+    kept = [
+        (n, r.role)
+        for n, r in roles.entries.items()
+        if r.kind == "constant"
+        and r.role not in ("constant", "a literal number")
+        and not r.role.endswith("manifest)")
+    ]
+    notes = []
+    if learned:
+        shown = ", ".join(f"'{n}'" for n in learned[:6]) + (" ..." if len(learned) > 6 else "")
+        notes.append(
+            f"{len(learned)} learned tensor(s) outside a weight role train, as their author trains them: {shown} "
+            "(`edgetrain check` says why, for every tensor)"
+        )
+    if kept:
+        shown = "; ".join(f"'{n}': {why}" for n, why in kept[:4]) + (" ..." if len(kept) > 4 else "")
+        notes.append(f"{len(kept)} tensor(s) that meet the data do not train: {shown}")
+    return notes
 
 
 def _trainable(inference: Graph, chosen: list[str], trainable, output: str | None) -> tuple[str, list[str]]:
