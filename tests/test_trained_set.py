@@ -1,5 +1,5 @@
 """Full fine-tuning trains exactly the tensors the model's author trains (its named_parameters()), on the
-architectures personalized today, exported both ways (TorchScript at opsets 17 and 18, dynamo): layer scales, class
+architectures personalized today, exported both ways (TorchScript at opsets 14, 17 and 18, dynamo): layer scales, class
 tokens and position tables, written-out norms, a GroupNorm below opset 18, buffers of preprocessing and masks, a
 tied language-model head, low-rank adapters. Three SGD-momentum steps follow PyTorch's; patterns select what the
 user meant (the head, '*lora*') through the module paths recovered from node names."""
@@ -21,7 +21,7 @@ import families  # noqa: E402
 nn = torch.nn
 BATCH, CLASSES = 4, 5
 LR, MOMENTUM = 0.05, 0.9
-VARIANTS = [("torchscript", 17), ("torchscript", 18), ("dynamo", 18)]
+VARIANTS = [("torchscript", 17), ("torchscript", 14), ("torchscript", 18), ("dynamo", 18)]
 QUICK = {("torchscript", 17)}
 CASES = [
     pytest.param(name, e, o, id=f"{name}-{e}-{o}", marks=() if (e, o) in QUICK else pytest.mark.slow)
