@@ -1,14 +1,17 @@
-"""Datasets -> batches for on-device training: views, readers, sample adapters, preprocessing and a resumable
-DataLoader (numpy only).
+"""Datasets -> batches for on-device training: views, readers (image folders and lists among them), sample
+adapters, preprocessing, augmentation and a resumable DataLoader (numpy only; Pillow, optional, decodes images).
 
 This package never imports edgetrain, onnx or onnxruntime: it runs on a device with numpy alone.
 """
 
+from . import imageops
 from .adapt import SampleAdapter, adapt_samples
+from .augment import Augment
 from .csvtable import CsvDataView
 from .detect import open_data
 from .digest import fingerprint
 from .errors import ConfigError, DataError, DataLimitError, SampleIndexError
+from .images import IMAGE_MAX_PIXELS, ImageFilesView, ImageFolderView, ImageListView, read_image
 from .limits import CSV_MAX_BYTES, IDX_GZ_MAX_BYTES, NPZ_MAX_BYTES, NPZ_MAX_MEMBERS
 from .loader import DataLoader
 from .mnist import MnistDataView, read_idx
@@ -19,16 +22,21 @@ from .views import ArrayDataView, IDataView, SubsetView, check_finite, check_lab
 
 __all__ = [
     "CSV_MAX_BYTES",
+    "IMAGE_MAX_PIXELS",
     "IDX_GZ_MAX_BYTES",
     "NPZ_MAX_BYTES",
     "NPZ_MAX_MEMBERS",
     "ArrayDataView",
+    "Augment",
     "ConfigError",
     "CsvDataView",
     "DataError",
     "DataLimitError",
     "DataLoader",
     "IDataView",
+    "ImageFilesView",
+    "ImageFolderView",
+    "ImageListView",
     "MnistDataView",
     "NpzDataView",
     "Preprocess",
@@ -41,10 +49,12 @@ __all__ = [
     "check_finite",
     "check_labels",
     "fingerprint",
+    "imageops",
     "open_data",
     "parse_normalize",
     "parse_scale",
     "read_idx",
+    "read_image",
     "read_npz",
     "split",
     "split_score",

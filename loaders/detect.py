@@ -1,4 +1,5 @@
-"""A path (MNIST directory, idx pair, .npz, CSV) -> the right IDataView, recognised by content: open_data."""
+"""A path (MNIST directory, idx pair, .npz, CSV, image folder or list) -> the right IDataView, recognised by
+content: open_data."""
 
 from __future__ import annotations
 
@@ -10,7 +11,16 @@ import zlib
 
 from .csvtable import CsvDataView, _cells, _is_number
 from .errors import ConfigError, DataError
-from .mnist import GZIP_MAGIC, MnistDataView, find_mnist_files, idx_header
+from .images import (
+    ImageFolderView,
+    ImageListView,
+    image_kind,
+    image_layout,
+    image_list_kind,
+    loose_images_message,
+    one_image_message,
+)
+from .mnist import GZIP_MAGIC, SPLIT_PREFIX, MnistDataView, find_mnist_files, idx_header, mnist_names
 from .npz import NpzDataView
 from .store import SampleStore
 from .views import IDataView
@@ -113,8 +123,12 @@ def open_data(path, **kwargs) -> IDataView:
       idx file whose partner sits next to it under the MNIST names -> MnistDataView
     - a zip archive (.npz) -> NpzDataView;  a numeric CSV/TSV table, raw or gzip -> CsvDataView
     - an SQLite sample store (the phone app's samples.sqlite) -> SampleStore
-    Other keyword arguments go to the view (num_classes=, x_key=, label_column=, normalize=, max_bytes=, ...); one
-    the view does not take is a ConfigError. A file that cannot be read is a DataError naming it.
+    - a directory of class folders of images (ROOT/<class>/*.png|jpg|...) -> ImageFolderView; a directory of
+      split folders (ROOT/train/<class>/...) -> the ImageFolderView of split= (a DataError naming the splits
+      without it); a CSV of path,label rows or a JSON list naming image files -> ImageListView
+    Other keyword arguments go to the view (num_classes=, x_key=, label_column=, normalize=, max_bytes=, size=,
+    crop=, channels=, ...); one the view does not take is a ConfigError. A file that cannot be read is a DataError
+    naming it; so is one image, or a directory of images without class folders, saying how to lay them out.
     """
     try:
         return _open(path, **kwargs)
@@ -123,6 +137,32 @@ def open_data(path, **kwargs) -> IDataView:
         raise DataError(
             f"{os.fspath(where) if where else path}: cannot read ({e.strerror or e})", where
         ) from e
+
+
+def _open_dir(path: str, split: str | None, kwargs: dict) -> IDataView:
+    """An MNIST directory (its files for split, "train" by default), else a folder of images by its layout."""
+    if split in (None, *SPLIT_PREFIX) and any(
+        os.path.isfile(os.path.join(path, n)) for n in mnist_names(split or "train", "images")
+    ):
+        images, labels = find_mnist_files(path, split or "train")
+        return _make(MnistDataView, images, labels, **kwargs)
+    layout = image_layout(path)
+    kind, names = layout if layout is not None else (None, [])
+    if kind == "classes":
+        return _make(ImageFolderView, path, **kwargs)
+    if kind == "splits":
+        if split in names:
+            return _make(ImageFolderView, os.path.join(path, split), **kwargs)
+        raise DataError(
+            f"{path}: holds the splits {', '.join(names)} (each a folder of class folders)"
+            f"{'' if split is None else f', not {split!r}'}: pass split= one of them, or open "
+            f"{os.path.join(path, names[0])}",
+            path,
+        )
+    if kind == "loose":
+        raise DataError(loose_images_message(path, names), path)
+    images, labels = find_mnist_files(path, split or "train")  # the MNIST message says what is missing
+    return _make(MnistDataView, images, labels, **kwargs)
 
 
 def _open(path, **kwargs) -> IDataView:
@@ -134,8 +174,7 @@ def _open(path, **kwargs) -> IDataView:
         return _open_pair(path, **kwargs)
     path = os.fspath(path)
     if os.path.isdir(path):
-        images, labels = find_mnist_files(path, kwargs.pop("split", "train"))
-        return _make(MnistDataView, images, labels, **kwargs)
+        return _open_dir(path, kwargs.pop("split", None), kwargs)
     if not os.path.isfile(path):
         raise DataError(f"{path}: no such file or directory", path)
     head, compressed = _head(path)
@@ -156,6 +195,12 @@ def _open(path, **kwargs) -> IDataView:
                 path,
             )
         return _open_pair((path, other), **kwargs)
+    kind = None if compressed else image_kind(head)
+    if kind is not None:
+        raise DataError(one_image_message(path, kind), path)
+    listed = None if compressed else image_list_kind(head, cut=len(head) == _SNIFF)
+    if listed is not None:
+        return _make(ImageListView, path, **kwargs)
     if head[:6] == b"\x93NUMPY":
         raise DataError(f"{path}: one .npy array; save x and y together with np.savez(path, x=x, y=y)", path)
     delimiter = _csv_delimiter(head, cut=len(head) == _SNIFF)
@@ -169,7 +214,7 @@ def _open(path, **kwargs) -> IDataView:
     shown = " ".join(f"{b:02x}" for b in head[:8]) or "nothing (empty file)"
     raise DataError(
         f"{path}: unrecognised data (starts with {shown}{', gzip-compressed' if compressed else ''}); open_data "
-        f"reads MNIST idx files (raw or .gz, a directory or an images/labels pair), .npz archives and "
-        f"delimited tables (CSV, TSV)",
+        f"reads MNIST idx files (raw or .gz, a directory or an images/labels pair), .npz archives, "
+        f"delimited tables (CSV, TSV), image folders (ROOT/<class>/*.png) and image lists (CSV of path,label)",
         path,
     )

@@ -27,12 +27,14 @@ def _is_int(v) -> bool:
 class DataLoader:
     """Batches of a view: X stacked as the view gives it, Y int64 for class labels.
 
-    `transform(x, y)` runs on each sample, then `batch_transform(X, Y)` (e.g. a Preprocess that adapts, casts
-    and scales) on the whole batch; neither is part of the state. Shuffling draws a fresh permutation per
-    epoch from (seed, epoch) with numpy's Generator, so a run is repeatable from its seed (for a given numpy
-    version). The loader is stateful, like MegEngine's: `next()` returns the next batch and rolls over into
-    the next epoch by itself; `for X, Y in loader` runs what is left of the current epoch (all of it unless
-    stopped or restored mid-epoch). `state()` is a JSON-able dict; `restore(state)` makes the next batch
+    `augment(X, Y, epoch=, indices=, seed=)` (e.g. an Augment) runs first on the raw batch, with the epoch, the
+    view's indices of its samples and the loader's seed, so that its random draws are the same when a run is
+    resumed; then `transform(x, y)` on each sample, then `batch_transform(X, Y)` (e.g. a Preprocess that adapts,
+    casts and scales) on the whole batch. None of them is part of the state (the seed is). Shuffling draws a
+    fresh permutation per epoch from (seed, epoch) with numpy's Generator, so a run is repeatable from its seed
+    (for a given numpy version). The loader is stateful, like MegEngine's: `next()` returns the next batch and
+    rolls over into the next epoch by itself; `for X, Y in loader` runs what is left of the current epoch (all
+    of it unless stopped or restored mid-epoch). `state()` is a JSON-able dict; `restore(state)` makes the next batch
     exactly the one that would have come next.
     """
 
@@ -45,6 +47,7 @@ class DataLoader:
         drop_last: bool = False,
         transform: Transform | None = None,
         batch_transform: Transform | None = None,
+        augment: Callable[..., tuple[np.ndarray, np.ndarray]] | None = None,
     ):
         if not _is_int(batch_size) or batch_size < 1:
             raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
@@ -65,6 +68,11 @@ class DataLoader:
         self.view, self.batch_size = view, int(batch_size)
         self.shuffle, self.drop_last, self.transform = bool(shuffle), bool(drop_last), transform
         self.batch_transform = batch_transform
+        if augment is not None and not callable(augment):
+            raise ConfigError(
+                f"augment must be callable (e.g. loaders.Augment), got {type(augment).__name__}"
+            )
+        self.augment = augment
         # without a seed, pick one now so that state() can still reproduce the run
         self.seed = int(np.random.default_rng().integers(2**62)) if seed is None else int(seed)
         self._n = n
@@ -109,6 +117,8 @@ class DataLoader:
                         f"on: fix or drop those samples",
                         self.view.source,
                     )
+        if self.augment is not None:  # before anything else: it sees the samples as the view gives them
+            x, y = self.augment(x, y, epoch=self._epoch, indices=indices, seed=self.seed)
         if self.transform is not None:
             pairs = [self.transform(x[i], y[i, ...]) for i in range(len(indices))]
             x, y = np.stack([p[0] for p in pairs]), np.stack([np.asarray(p[1]) for p in pairs])

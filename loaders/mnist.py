@@ -13,6 +13,7 @@ import zlib
 import numpy as np
 
 from .errors import ConfigError, DataError, DataLimitError
+from .images import folder_hint
 from .limits import IDX_GZ_MAX_BYTES, allocate, limit_argument, read_into, size_text
 from .views import IDataView, check_finite, check_labels
 
@@ -313,6 +314,9 @@ def find_mnist_files(directory: str | os.PathLike, split: str = "train") -> tupl
             have = sorted(os.listdir(directory)) if os.path.isdir(directory) else None
             more = " ..." if have and len(have) > 10 else ""
             held = "it is not a directory" if have is None else f"it holds {have[:10]}{more}"
+            images = folder_hint(directory) if have else ""  # images: point to their layout, not to idx names
+            if images:
+                raise DataError(f"{directory}: not an MNIST directory{images}", directory)
             raise DataError(
                 f"{directory}: no MNIST {split} {kind} file (looked for {', '.join(names)}); {held}",
                 directory,

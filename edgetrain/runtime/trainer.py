@@ -229,6 +229,11 @@ class Trainer:
                 "the train loader has a per-sample transform (augmentation): a sample's data differs each time "
                 "it is seen, so the frozen part's results cannot be reused"
             )
+        elif getattr(loader, "augment", None) is not None:
+            session.disable_feature_cache(
+                "the train loader augments its batches (augment=): a sample's data differs each epoch, so the "
+                "frozen part's results cannot be reused"
+            )
         elif not session.feature_cache_info()["enabled"]:  # a session that has one (e.g. shared) keeps it
             session.enable_feature_cache(max_bytes)
         return session.feature_cache_info()
