@@ -575,6 +575,11 @@ def _json_entries(path: str, text: str) -> list[tuple[str, str, object]]:
     except (ValueError, RecursionError) as e:
         raise DataError(f"{path}: not valid JSON ({e}); a JSON image list is {forms}", path) from e
     if isinstance(data, dict):
+        odd = next((k for k in data if not is_image_name(k)), None)
+        if odd is not None:  # e.g. a COCO annotations file, which names images deeper down
+            raise DataError(
+                f"{path}: the key {odd[:80]!r} is not an image file name; a JSON image list is {forms}", path
+            )
         return [(f"key {k!r}", k, v) for k, v in data.items()]
     if not isinstance(data, list):
         raise DataError(f"{path}: a JSON {type(data).__name__}; a JSON image list is {forms}", path)
@@ -616,7 +621,8 @@ def _label_ids(path: str, entries, classes) -> tuple[np.ndarray, list[str] | Non
             or not str(label).strip()
         ):
             raise DataError(
-                f"{path}: {where}: the label {label!r} is neither a class number nor a class name", path
+                f"{path}: {where}: the label {repr(label)[:80]} is neither a class number nor a class name",
+                path,
             )
         texts.append(str(label).strip())
     whole = [bool(_INTEGER.fullmatch(t)) for t in texts]

@@ -170,6 +170,15 @@ def test_modes_alpha_palette_16_bit_and_exif_orientation(tmp_path):
     upright = np.asarray(ImageOps.exif_transpose(Image.open(root / "k/4_portrait.jpg")))
     assert upright.shape == (5, 6, 3) and np.array_equal(view[3][0], upright)
     assert read_image(root / "k/3_sixteen.png").shape == (5, 6, 1)
+    save(tmp_path / "c.gif", pixels(5, 6, seed=4))  # a palette of the image's colors
+    assert np.array_equal(
+        read_image(tmp_path / "c.gif"), np.asarray(Image.open(tmp_path / "c.gif").convert("RGB"))
+    )
+    save(tmp_path / "g.gif", pixels(5, 6, c=1, seed=5))  # a palette of grays: one channel
+    gray = read_image(tmp_path / "g.gif")
+    assert gray.shape == (5, 6, 1) and np.array_equal(gray[:, :, 0], pixels(5, 6, c=1, seed=5))
+    save(tmp_path / "b.bmp", pixels(5, 6, seed=6))
+    assert np.array_equal(read_image(tmp_path / "b.bmp"), pixels(5, 6, seed=6))
 
 
 def test_images_of_another_size_are_refused_naming_both_unless_size_or_crop(tmp_path):
@@ -302,6 +311,9 @@ def test_json_lists_in_both_forms(tmp_path):
     (root / "mixed.json").write_text(json.dumps({"cat/a.png": 1, "dog/c.jpg": "dog"}))
     with pytest.raises(DataError, match="class name 'dog' among class numbers"):
         open_data(root / "mixed.json")
+    (root / "coco.json").write_text(json.dumps({"images": [{"file_name": "cat/a.png"}], "annotations": []}))
+    with pytest.raises(DataError, match=r"coco\.json: the key 'images' is not an image file name"):
+        open_data(root / "coco.json")
     (root / "odd.json").write_text(json.dumps([{"file": "cat/a.png"}]))
     with pytest.raises(DataError, match=r"odd\.json: entry 1 is .* a JSON image list is"):
         ImageListView(root / "odd.json")
