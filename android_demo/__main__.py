@@ -40,6 +40,15 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument(
         "--layout", choices=["nchw", "nhwc"], help="the data's image layout (default: from the shapes)"
     )
+    c.add_argument(
+        "--scale",
+        nargs="?",
+        const="1/255",
+        metavar="FACTOR",
+        help="multiply the samples by FACTOR (--scale alone: 1/255) when the model declares no input pipeline; "
+        "the home then scales every sample, the page's too",
+    )
+    c.add_argument("--normalize", metavar="MEAN,STD", help="then (x - MEAN) / STD per channel")
 
     c = sub.add_parser("personalize", help="one burst: train, validate, keep or roll back")
     c.add_argument("--max-steps", type=int, help="steps at most (default: the home's setting)")
@@ -121,7 +130,15 @@ def run(args: argparse.Namespace) -> int:
         return 0
     home = Home(args.home)
     if args.command == "add":
-        n, notices = home.add_data(args.data, layout=args.layout)
+        from edgetrain.runtime.feeding import (
+            parse_options,
+        )  # numpy loads with it: after the thread count is set
+
+        try:
+            options = parse_options(args.layout, args.scale, args.normalize)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        n, notices = home.add_data(args.data, options=options)
         for note in notices:
             print(f"note: {note}", file=sys.stderr)
         print(f"added {n:,} samples; the store holds {home.status()['samples']:,}")

@@ -33,7 +33,8 @@ import edgetrain as et
 from edgetrain.core.container import atomic_write
 from edgetrain.runtime.feeding import DataOptions, open_feed
 from edgetrain.runtime.trainer import evaluate, session_batch
-from loaders import DataLoader, SampleStore
+from loaders import DataLoader, SampleStore, adapt_samples
+from loaders.pipeline import array_facts
 
 from .policy import may_train
 
@@ -56,6 +57,8 @@ DEFAULTS = {
     "policy": "always",  # when a burst may run: always, charging, charging-idle (see policy.py)
     # memory for the frozen part's results per sample (when only part of the model trains), kept across bursts
     "feature_cache_mb": 16.0,
+    # the input pipeline the home adopted (`add --scale ...`) when its artifact declares none (InputPipeline JSON)
+    "preprocessing": None,
 }
 
 
@@ -218,7 +221,25 @@ class Home:
         sess = et.TrainingSession(self._file(ARTIFACT))
         if cur.get("checkpoint"):
             sess.load_checkpoint(self._file(cur["checkpoint"]))
+        adopted = self.settings.get("preprocessing")
+        if adopted and not sess.preprocessing.declared:
+            sess.preprocessing = adopted
         return sess
+
+    def input_range(self) -> tuple[float, float]:
+        """The raw values samples are given in (the page's pixels): the model's input pipeline's, else [0, 1]."""
+        return self._inference().preprocessing.expected_range() or (0.0, 1.0)
+
+    def _model_input(self, sess: et.TrainingSession, x: np.ndarray) -> np.ndarray:
+        """Raw samples [N, ...] -> the model's input, by the model's input pipeline (checked against it)."""
+        pipeline = sess.preprocessing
+        name = sess.artifact.io["data_inputs"][0]
+        want = tuple(int(d) for d in sess.artifact.program.values[name].shape[1:])
+        if not pipeline.declared and tuple(x.shape[1:]) == want:
+            return x
+        adapter = adapt_samples(x.shape[1:], want, layout=pipeline.layout, source="the sample")
+        pipeline.check(array_facts(x, "the sample"))
+        return pipeline.preprocess(adapter)(x, np.zeros(len(x)))[0]
 
     def _inference(self) -> et.TrainingSession:
         """The current version for predictions, cached until the version changes."""
@@ -246,7 +267,7 @@ class Home:
             if self._session_cache is None or self._session_cache[0] != v:
                 self._session_cache = (v, self.session())
             sess = self._session_cache[1]
-            out = np.asarray(sess.run(np.asarray(x)), np.float64)
+            out = np.asarray(sess.run(self._model_input(sess, np.asarray(x))), np.float64)
         if sess.num_classes is not None and not np.allclose(out.sum(axis=1), 1.0, atol=1e-3):
             out = np.exp(out - out.max(axis=1, keepdims=True))
             out /= out.sum(axis=1, keepdims=True)
@@ -259,24 +280,31 @@ class Home:
             return len(s.ids())
 
     def add(self, x: Any, y: Any) -> int:
-        """Adds one labelled sample in the model's input form; returns its id once it is committed."""
+        """Adds one labelled sample, raw (the model's input pipeline makes it the model's input, as for files);
+        returns its id once it is committed."""
         sess = self._inference()
         name = sess.artifact.io["data_inputs"][0]
         info = sess.artifact.program.values[name]
-        x = np.asarray(x)
-        if tuple(x.shape) != tuple(info.shape[1:]):
-            raise AppError(f"a sample of shape {list(x.shape)}; the model takes {list(info.shape[1:])}")
+        try:
+            x = self._model_input(sess, np.asarray(x)[None])[0]
+        except et.EdgeTrainError as e:
+            raise AppError(f"a sample of shape {list(np.shape(x))}: {e}") from None
         y = self._label(sess, y)
         with self.store() as s:
             sid = s.add(x.astype(info.dtype, copy=False), y)
         self._log("add", id=sid, label=y.tolist())
         return sid
 
-    def add_data(self, path: str, *, layout: str | None = None) -> tuple[int, list[str]]:
+    def add_data(self, path: str, *, layout: str | None = None, options: DataOptions | None = None):
         """Adds every sample of a data file (anything loaders.open_data reads), fitted to the model's input as
-        `edgetrain train` fits it; returns (count, notices)."""
+        `edgetrain train` fits it, by the model's input pipeline (or the scaling the options give, which a home
+        whose model declares none adopts for all its samples); returns (count, notices)."""
         sess = self._inference()
-        feed = open_feed(path, "train", sess, DataOptions(layout=layout))
+        options = options or DataOptions(layout=layout)
+        before = sess.preprocessing
+        feed = open_feed(path, "train", sess, options)
+        if sess.preprocessing != before:  # the options declared a pipeline: every sample must be fed by it
+            self._adopt(sess)
         n = feed.view.size()
         added = 0
         with self.store() as s:
@@ -287,6 +315,19 @@ class Home:
                 added += len(idx)
         self._log("add_data", path=os.path.basename(path), samples=added)
         return added, feed.notices
+
+    def _adopt(self, sess: et.TrainingSession) -> None:
+        """Records the input pipeline a file's options declared, for every later sample, page and burst; refused
+        when the store already holds samples fed without it."""
+        held = self.sample_count()
+        if held:
+            with self._cache_lock:
+                self._session_cache = None
+            raise AppError(
+                f"the store holds {held} samples fed as they were read; --scale/--normalize now would feed the "
+                f"model two kinds of values: set up a new home and add every file with the same options"
+            )
+        self.update_settings(preprocessing=sess.preprocessing.to_json())
 
     def _label(self, sess: et.TrainingSession, y: Any) -> np.ndarray:
         y = np.asarray(y)

@@ -1,7 +1,7 @@
 """`serve`: the app's page for the phone's own browser -> a standard-library HTTP server on 127.0.0.1 serving
 android_demo/static/ and a small JSON API; everything it does goes through Home, like the commands.
 
-    GET  /api/status        Home.status() + {"input_shape": [1, 28, 28], "classes": 10}
+    GET  /api/status        Home.status() + {"input_shape": [1, 28, 28], "input_range": [0, 255], "classes": 10}
     POST /api/predict       {"pixels": [...]} -> {"probabilities", "prediction", "confidence", "version"}
     POST /api/add           {"pixels": [...], "label": k} -> {"id", "label", "samples"}
     POST /api/personalize   {"force": false}? -> 202 {"started": true}: one burst in a background thread; 409 while
@@ -10,7 +10,9 @@ android_demo/static/ and a small JSON API; everything it does goes through Home,
     GET  /api/history       {"points": Home.accuracy_by_version(), "version": the current version}
 
 "pixels" is the model's input as nested lists (for the digits model [1, 28, 28], or [28, 28]: singleton axes may be
-left out), floats in [0, 1]. A bad request gets a 400 and {"error": "one line"}; nothing answers with a traceback.
+left out), raw values in the range the model's input pipeline takes ("input_range" of /api/status: 0..255 for the
+digits model, whose pipeline divides by 255; [0, 1] for a model that declares none). A bad request gets a 400 and
+{"error": "one line"}; nothing answers with a traceback.
 Only loopback addresses are served, and only to requests that name a loopback host (a page of another site cannot
 reach the app through DNS rebinding) and send JSON (a plain cross-site form cannot post to it).
 """
@@ -137,6 +139,9 @@ class AppServer(ThreadingHTTPServer):
         self.home = home
         self.burst = Burst(home)
         self.input_shape = tuple(home.input_shape())
+        self.input_range = (
+            home.input_range()
+        )  # the page sends pixels in it (0..255 for a pipeline that scales)
         self.classes = home.num_classes
         super().__init__(address, Handler)
 
@@ -269,6 +274,7 @@ class Handler(BaseHTTPRequestHandler):
         return HTTPStatus.OK, {
             **st,
             "input_shape": list(self.server.input_shape),
+            "input_range": list(self.server.input_range),
             "classes": self.server.classes,
         }
 
@@ -279,7 +285,8 @@ class Handler(BaseHTTPRequestHandler):
     def _pixels(self, body: dict[str, Any]) -> np.ndarray:
         """The request's "pixels" as the model's input sample, or a ApiError saying what is expected."""
         shape = self.server.input_shape
-        want = f"{list(shape)} floats in [0, 1]"
+        lo, hi = self.server.input_range
+        want = f"{list(shape)} numbers in [{lo:g}, {hi:g}]"
         if "pixels" not in body:
             raise ApiError(f'no "pixels": send the drawing as {want}')
         try:
@@ -290,7 +297,7 @@ class Handler(BaseHTTPRequestHandler):
             if [d for d in x.shape if d != 1] != [d for d in shape if d != 1]:
                 raise ApiError(f'"pixels" of shape {list(x.shape)}; the model takes {want}')
             x = x.reshape(shape)
-        if not np.all(np.isfinite(x)) or x.min() < 0 or x.max() > 1:
+        if not np.all(np.isfinite(x)) or x.min() < lo or x.max() > hi:
             raise ApiError(f'"pixels" must be {want}')
         return x.astype(np.float32)
 

@@ -18,6 +18,7 @@ from typing import Any, TextIO
 import numpy as np
 
 import edgetrain
+from edgetrain.runtime.feeding import feed_view
 from edgetrain.runtime.trainer import evaluate, session_batch
 from loaders import DataLoader, MnistDataView, SubsetView
 
@@ -32,18 +33,24 @@ def _new_user() -> tuple[MnistDataView, MnistDataView]:
     folder = NEW_USER
     if not os.path.isdir(folder):  # installed as a wheel: edgetrain's package data
         folder = os.path.join(os.path.dirname(edgetrain.__file__), "data", "newuser")
+    # the pixels as a phone holds them (0..255): the model's input pipeline scales them
     user = MnistDataView(
-        os.path.join(folder, "train-images-idx3-ubyte.gz"), os.path.join(folder, "train-labels-idx1-ubyte.gz")
+        os.path.join(folder, "train-images-idx3-ubyte.gz"),
+        os.path.join(folder, "train-labels-idx1-ubyte.gz"),
+        normalize=False,
     )
     held = MnistDataView(
-        os.path.join(folder, "t10k-images-idx3-ubyte.gz"), os.path.join(folder, "t10k-labels-idx1-ubyte.gz")
+        os.path.join(folder, "t10k-images-idx3-ubyte.gz"),
+        os.path.join(folder, "t10k-labels-idx1-ubyte.gz"),
+        normalize=False,
     )
     return user, held
 
 
 def heldout_accuracy(home: Home, held) -> float:
     sess = home.session()
-    _, acc = evaluate(sess, DataLoader(held, session_batch(sess) or 32))
+    loader = DataLoader(held, session_batch(sess) or 32, batch_transform=feed_view(held, sess).transform)
+    _, acc = evaluate(sess, loader)
     return float(acc)
 
 

@@ -281,6 +281,8 @@ class _Story:
         self.user_held = MnistDataView.from_dir(NEW_USER, "test")
         self.xo, self.yo = self.original.get_batch(np.arange(self.original.size()))
         self.xu, self.yu = self.user_held.get_batch(np.arange(self.user_held.size()))
+        # the held-out digits as stored (0..255): what the exported models take, their input pipeline inside
+        self.xu_raw = self.user_held.raw().get_batch(np.arange(self.user_held.size()))[0].astype(np.uint8)
 
     def say(self, text: str = "") -> None:
         self.out.write(text + "\n")
@@ -411,8 +413,9 @@ class _Story:
         for name, v in variants.items():
             v.onnx_path = os.path.join(self.out_dir, f"personalized-{name}.onnx")
             sessions[name].export_onnx(v.onnx_path)
+            raw = self.xu_raw if sessions[name].preprocessing.declared else self.xu
             v.onnxruntime_accuracy, v.onnxruntime_max_diff = _check_with_onnxruntime(
-                v.onnx_path, self.xu, self.yu, user_probs[name]
+                v.onnx_path, raw, self.yu, user_probs[name]
             )
             if v.onnxruntime_accuracy is not None:
                 checked.append(v)

@@ -16,6 +16,7 @@ from .limits import CSV_MAX_BYTES, IDX_GZ_MAX_BYTES, NPZ_MAX_BYTES, NPZ_MAX_MEMB
 from .loader import DataLoader
 from .mnist import MnistDataView, read_idx
 from .npz import NpzDataView, read_npz
+from .pipeline import DataFacts, InputPipeline, data_facts, parse_range
 from .preprocess import Preprocess, parse_normalize, parse_scale
 from .store import SampleStore, StoreView, split_score
 from .views import ArrayDataView, IDataView, SubsetView, check_finite, check_labels, split
@@ -31,12 +32,14 @@ __all__ = [
     "ConfigError",
     "CsvDataView",
     "DataError",
+    "DataFacts",
     "DataLimitError",
     "DataLoader",
     "IDataView",
     "ImageFilesView",
     "ImageFolderView",
     "ImageListView",
+    "InputPipeline",
     "MnistDataView",
     "NpzDataView",
     "Preprocess",
@@ -48,10 +51,12 @@ __all__ = [
     "adapt_samples",
     "check_finite",
     "check_labels",
+    "data_facts",
     "fingerprint",
     "imageops",
     "open_data",
     "parse_normalize",
+    "parse_range",
     "parse_scale",
     "read_idx",
     "read_image",

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import gzip
 import math
 import os
@@ -242,6 +243,12 @@ class MnistDataView(IDataView):
         self.normalize = normalize
         if num_classes is not None:
             check_labels(self, num_classes)
+
+    def raw(self) -> MnistDataView:
+        """The same samples as their 0..255 values (float32), for an input pipeline that scales them itself."""
+        view = copy.copy(self)
+        view.normalize, view._mean_std = False, None
+        return view
 
     @classmethod
     def from_dir(cls, directory: str | os.PathLike, split: str = "train", **kwargs) -> MnistDataView:

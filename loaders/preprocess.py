@@ -32,7 +32,7 @@ def _values(v, what: str) -> np.ndarray | None:
 
 class Preprocess:
     """(X, Y) -> (X, Y) on whole batches: `adapter` first (to the model's sample shape), then X cast to `dtype`
-    (None keeps it), then x * scale, then (x - mean[c]) / std[c] per channel c along axis 1.
+    (None keeps it), then x * scale (x / k when scale is 1/k), then (x - mean[c]) / std[c] per channel c along axis 1.
 
     mean and std are one value for every channel or one per channel (the adapter's model_shape[0], else the
     batch's axis 1). Y passes through. X comes out C-contiguous and never shares memory with the input when
@@ -90,7 +90,11 @@ class Preprocess:
             raise ConfigError(f"Preprocess scale, mean and std need float data; X is {dtype} (give dtype=)")
         x = np.array(x, dtype=dtype, order="C")  # a copy: the steps below work in place
         if self.scale is not None:
-            x *= x.dtype.type(self.scale)
+            k = divisor(self.scale)
+            if k:  # x / 255, correctly rounded (255 -> exactly 1.0), as the exported model's Div computes it
+                x /= x.dtype.type(k)
+            else:
+                x *= x.dtype.type(self.scale)
         if self.mean is not None:
             x -= self._per_channel(self.mean, x)
         if self.std is not None:
@@ -100,6 +104,15 @@ class Preprocess:
     def __repr__(self) -> str:
         parts = [f"{k}={v!r}" for k, v in vars(self).items() if v is not None]
         return f"Preprocess({', '.join(parts)})"
+
+
+def divisor(scale: float | None) -> int | None:
+    """k when scale is 1/k for a whole k >= 2 (1/255, 1/65535), else None: such a scale divides by k, correctly
+    rounded, where multiplying by the rounded 1/k would put 255 at 1.0000001."""
+    if scale is None or not 0 < scale < 1:
+        return None
+    k = round(1 / scale)
+    return k if k >= 2 and abs(1 / scale - k) <= 1e-9 * k else None
 
 
 def _number(text: str, what: str, forms: str) -> float:

@@ -108,7 +108,8 @@ def test_a_small_batch_is_padded_exactly(tmp_path):
     yp = np.concatenate([y, np.full(7, -100)])
     assert sess.train_step(xp, yp) == pytest.approx(ref_loss, rel=1e-6)
     for name, value in sess.parameters().items():
-        np.testing.assert_allclose(value, ref.parameters()[name], rtol=1e-5, atol=1e-7, err_msg=name)
+        # float32 sums over 3 and over 10 rows (7 of them weighted 0) differ in their last bits
+        np.testing.assert_allclose(value, ref.parameters()[name], rtol=1e-5, atol=1e-6, err_msg=name)
     home = home_with(tmp_path, 12)
     r = home.personalize(force=True, batch_size=3, max_steps=4)
     assert r.steps == 4

@@ -164,7 +164,11 @@ def test_api_refuses_bad_requests_with_one_line_of_json(tmp_path):
         assert call(url + "api/predict", {"pixels": zero})[0] == 200  # the channel axis may be left out
         bad = [
             ("api/predict", {"pixels": [[0.5] * 27] * 28}, "shape [28, 27]"),
-            ("api/predict", {"pixels": [[2.0] * 28] * 28}, "in [0, 1]"),
+            (
+                "api/predict",
+                {"pixels": [[300.0] * 28] * 28},
+                "in [0, 255]",
+            ),  # the pipeline takes 8-bit pixels
             ("api/predict", {"pixels": [[0.5] * 28] * 27 + [[0.5]]}, "nested lists of numbers"),
             ("api/predict", {"pixels": "a drawing"}, "nested lists of numbers"),
             ("api/predict", {"pixels": 0.5}, "shape []"),
@@ -455,8 +459,9 @@ def check_drawing(d, home: Home, drawn: list[np.ndarray]) -> dict:
     assert sent.shape == (28, 28) and sent.min() >= 0 and sent.max() <= 1
     assert diff.max() < 0.1 and diff.mean() < 0.01, (diff.max(), diff.mean())
     assert np.abs(sent - wrong).mean() > 5 * diff.mean()  # the tolerance tells right from wrong preprocessing
-    # the prediction shown is the current model's for what was sent
-    probs = home.predict(sent[None, None].astype(np.float32))[0]
+    # the prediction shown is the current model's for what was sent: 8-bit pixels, which the model's input
+    # pipeline divides by 255 (GET /api/status says so: input_range [0, 255])
+    probs = home.predict(np.round(sent * 255)[None, None].astype(np.float32))[0]
     k = int(np.argmax(probs))
     shown = js(d, "window.edgetrain.lastPrediction")
     assert shown["prediction"] == k and abs(shown["confidence"] - probs[k]) < 1e-6
@@ -535,7 +540,9 @@ def test_the_page_in_a_real_browser(driver, tmp_path, report):
 
         # a 7 drawn with a finger: the image sent, the prediction shown
         seven = check_drawing(d, home, draw(d, canvas, SEVEN, finger=True))
-        sent = np.array(js(d, "window.edgetrain.lastPixels"), np.float32)
+        drawn = np.array(js(d, "window.edgetrain.lastPixels"), np.float64)
+        # the page sends 8-bit pixels; the model's input pipeline divides them by 255 before they are stored
+        sent = np.round(drawn * 255).astype(np.float32) / np.float32(255)
 
         # labelled: one more sample, in the page and in the store, holding what the page sent
         d.find_element("id", "label-7").click()

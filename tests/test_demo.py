@@ -84,13 +84,15 @@ def test_personalization_beats_the_base_model(demo, report):
 
 def test_exported_models_run_in_onnxruntime(demo):
     _, r, files, _ = demo
-    held = MnistDataView.from_dir(DATA / "newuser", "test")
+    """The exported models hold the base model's input pipeline (x / 255): they take the digits as stored, uint8."""
+    held = MnistDataView.from_dir(DATA / "newuser", "test", normalize=False)
     x, y = held.get_batch(np.arange(len(held)))
     for name, v in r["variants"].items():
         path = Path(v["onnx_path"])
         assert path.parent == files and path.exists(), path
         sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        (probs,) = sess.run(None, {"image": x})
+        assert sess.get_inputs()[0].type == "tensor(uint8)"
+        (probs,) = sess.run(None, {"image": x.astype(np.uint8)})
         assert float(np.mean(probs.argmax(1) == y)) == pytest.approx(v["user_accuracy"], abs=1e-9), name
         assert v["onnxruntime_max_diff"] < 1e-4
     for name in ("head-only.etrain", "full.etrain", "head-only.etck", "full.etck", "summary.json"):

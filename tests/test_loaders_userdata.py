@@ -290,7 +290,9 @@ def test_batch_transform_runs_after_the_sample_transform_and_resumes_exactly():
         np.testing.assert_array_equal(X, EX)
         np.testing.assert_array_equal(Y, EY)
         # each batch holds exactly the samples its labels name, transposed and scaled
-        ref = np.transpose(images[Y], (0, 3, 1, 2)).astype(np.float32) * np.float32(1 / 255)
+        ref = np.transpose(images[Y], (0, 3, 1, 2)).astype(np.float32) / np.float32(
+            255
+        )  # a scale of 1/255 divides (255 -> 1.0)
         np.testing.assert_array_equal(X, ref)
         assert X.dtype == np.float32 and Y.dtype == np.int64
     # a state from a loader without a batch transform restores into one with it, and the reverse

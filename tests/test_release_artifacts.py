@@ -18,15 +18,32 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"
 MODELS = ROOT / "edgetrain" / "data"
 
+
+def _as_released(name: str) -> str:
+    """The demo's model as it was at the release: without the input pipeline its metadata declares since (the same
+    file name, which the artifact records)."""
+    import tempfile
+
+    import onnx
+
+    model = onnx.load(str(MODELS / name))
+    kept = {p.key: p.value for p in model.metadata_props if p.key != "edgetrain.preprocessing"}
+    del model.metadata_props[:]
+    onnx.helper.set_model_props(model, kept)
+    path = Path(tempfile.mkdtemp(prefix="edgetrain-release-")) / name
+    onnx.save(model, str(path))
+    return str(path)
+
+
 RELEASED = {
     "release-0.1.0-lenet-sgd.etrain": lambda: et.convert(
-        str(MODELS / "digits_lenet.onnx"),
+        _as_released("digits_lenet.onnx"),
         loss=et.CrossEntropyLoss(),
         optimizer=et.SGD(lr=0.01, momentum=0.9, weight_decay=5e-4),
         batch_size=10,
     ),
     "release-0.1.0-lstm-adam.etrain": lambda: et.convert(
-        str(MODELS / "digits_lstm.onnx"),
+        _as_released("digits_lstm.onnx"),
         loss=et.CrossEntropyLoss(),
         optimizer=et.Adam(lr=1e-3),
         batch_size=10,

@@ -249,24 +249,28 @@ def train_base(directory: str, out_path: str, *, epochs: int, seed: int, model: 
     import tempfile
 
     import edgetrain as et
-    from loaders import DataLoader, MnistDataView
+    from edgetrain.runtime.feeding import feed_view
+    from loaders import DataLoader, InputPipeline, MnistDataView
 
     recipe = BASE_MODELS[model]
-    train = MnistDataView.from_dir(directory, "train")
-    test = MnistDataView.from_dir(directory, "test")
+    # raw 0..255 pixels: the model's declared input pipeline divides them by 255 (and its export says so)
+    train = MnistDataView.from_dir(directory, "train").raw()
+    test = MnistDataView.from_dir(directory, "test").raw()
     batch = 32
     art = et.convert(
         recipe["build"](seed),
         loss=et.CrossEntropyLoss(),
         optimizer=et.SGD(lr=recipe["lr"], momentum=0.9, weight_decay=5e-4),
         batch_size=batch,
+        preprocessing=InputPipeline.from_options(scale="1/255"),
     )
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "base.etrain")
         art.save(path)
         sess = et.TrainingSession(path, threads=recipe["threads"])
-        loader = DataLoader(train, batch, shuffle=True, seed=seed, drop_last=True)
-        val = DataLoader(test, batch)
+        scale = feed_view(train, sess).transform
+        loader = DataLoader(train, batch, shuffle=True, seed=seed, drop_last=True, batch_transform=scale)
+        val = DataLoader(test, batch, batch_transform=scale)
         steps = epochs * len(loader)
 
         def show(info):
@@ -283,7 +287,7 @@ def train_base(directory: str, out_path: str, *, epochs: int, seed: int, model: 
         t0 = time.perf_counter()
         result = trainer.fit()
         print(f"  trained {result.steps} steps in {time.perf_counter() - t0:.1f} s")
-        sess.export_onnx(out_path)
+        sess.export_onnx(out_path, preprocessing=False)  # the pipeline goes in its metadata_props
 
 
 def main(argv=None) -> int:

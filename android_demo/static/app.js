@@ -15,6 +15,7 @@ const state = {
   lastPrediction: null,
   pending: 0, // predictions asked for and not answered yet
   inputShape: [1, N, N],
+  inputRange: [0, 1], // the raw values the model's input pipeline takes (GET /api/status): [0, 255] for 8-bit pixels
   polling: false,
 };
 window.edgetrain = state;
@@ -195,9 +196,11 @@ function toPixels() {
   return out;
 }
 
-// the request's "pixels": the 28x28 rows wrapped in as many singleton axes as the model's input has
+// the request's "pixels": the 28x28 rows as the model's raw input (8-bit pixels, 0..255, when its input pipeline
+// takes them; else as they are, in [0, 1]), wrapped in as many singleton axes as the model's input has
 function asInput(rows) {
-  let x = rows;
+  const eightBit = state.inputRange[1] >= 255;
+  let x = eightBit ? rows.map((row) => row.map((v) => Math.round(v * 255))) : rows;
   for (let k = state.inputShape.length - 2; k > 0; k--) x = [x];
   return x;
 }
@@ -282,6 +285,7 @@ async function refreshStatus() {
   try {
     const st = await api("/api/status");
     if (st.input_shape) state.inputShape = st.input_shape;
+    if (st.input_range) state.inputRange = st.input_range;
     showSamples(st.samples, st.train_samples, st.val_samples);
     $("version").textContent = `model version ${st.model_version}`;
     $("version").dataset.version = String(st.model_version);

@@ -17,6 +17,7 @@ from edgetrain.core.container import atomic_write, inspect_container
 from edgetrain.core.errors import EdgeTrainError, RebatchError, StorageError, UsageError
 from edgetrain.runtime.describe import describe, summary
 from edgetrain.runtime.progress import duration, mb
+from loaders import InputPipeline, adapt_samples
 
 from .common import load_weights, open_session, plural
 from .names import DEFAULT_LR, LOSSES
@@ -70,6 +71,25 @@ def _config_text(cfg: dict[str, Any]) -> str:
     return f"{cfg.get('type', '?')} ({rest})" if rest else str(cfg.get("type", "?"))
 
 
+def _declared_preprocessing(args: argparse.Namespace):
+    """--scale/--normalize/--layout/--input-range/--resize/--crop -> the input pipeline to declare, or None (the
+    model's own metadata, else none)."""
+    given = (args.scale, args.normalize, args.layout, args.input_range, args.resize, args.crop)
+    if all(v is None for v in given):
+        return None
+    try:
+        return InputPipeline.from_options(
+            scale=args.scale,
+            normalize=args.normalize,
+            layout=args.layout,
+            input_range=args.input_range,
+            size=args.resize,
+            crop=args.crop,
+        )
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
 def run_convert(args: argparse.Namespace) -> int:
     if not os.path.isfile(args.model):
         raise EdgeTrainError(f"{args.model}: no such file (convert takes an ONNX inference model)")
@@ -90,6 +110,7 @@ def run_convert(args: argparse.Namespace) -> int:
         output=args.model_output,
         untie=untie,
         parameters=args.parameters,
+        preprocessing=_declared_preprocessing(args),
     )
     fallback = None
     try:
@@ -159,8 +180,17 @@ def run_inspect(args: argparse.Namespace) -> int:
 def run_export(args: argparse.Namespace) -> int:
     sess = open_session(args.artifact)
     which = load_weights(sess, args.checkpoint, args.artifact)
-    sess.export_onnx(args.output)
+    in_graph = not args.no_preprocessing_in_export
+    sess.export_onnx(args.output, preprocessing=in_graph)
     print(f"exported {args.output} ({mb(os.path.getsize(args.output))}) from {which}")
+    pipeline = sess.preprocessing
+    if pipeline.declared:
+        where = (
+            "in the model: it takes raw data"
+            if in_graph
+            else "left to the app (metadata 'edgetrain.preprocessing')"
+        )
+        print(f"  input pipeline {pipeline.describe()}; {where}")
     if args.no_check:
         return 0
     try:
@@ -170,7 +200,8 @@ def run_export(args: argparse.Namespace) -> int:
         return 0
     ort_sess = ort.InferenceSession(args.output, providers=["CPUExecutionProvider"])
     x = _random_batch(ort_sess.get_inputs()[0], sess)
-    got = ort_sess.run(None, {ort_sess.get_inputs()[0].name: x})[0]
+    raw, x = _raw_batch(sess, x) if in_graph and pipeline.declared else (x, x)
+    got = ort_sess.run(None, {ort_sess.get_inputs()[0].name: raw})[0]
     ref = sess.run(x)
     diff = float(np.max(np.abs(got - ref)))
     scale = float(np.max(np.abs(ref))) or 1.0
@@ -191,6 +222,27 @@ def _random_batch(arg, sess):
     if np.dtype(info.dtype).kind != "f":
         return np.zeros(shape, info.dtype)
     return np.random.default_rng(0).random(shape).astype(info.dtype)
+
+
+def _raw_batch(sess, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(raw data for a model that holds its input pipeline, what the session's pipeline makes of it): random values in
+    the pipeline's raw range and dtype, in its raw layout, at the model's input size."""
+    pipeline = sess.preprocessing
+    lo, hi = pipeline.expected_range() or (0.0, 1.0)
+    raw_dtype = np.dtype(pipeline.raw_dtype or x.dtype)
+    rng = np.random.default_rng(0)
+    values = (
+        rng.integers(int(lo), int(hi) + 1, x.shape)
+        if raw_dtype.kind in "iu"
+        else rng.uniform(lo, hi, x.shape)
+    )
+    raw = values.astype(raw_dtype)
+    if pipeline.layout == "nhwc" and raw.ndim >= 3:
+        raw = np.ascontiguousarray(np.moveaxis(raw, 1, -1))
+    sample = raw.shape[1:]
+    adapter = adapt_samples(sample, x.shape[1:], layout=pipeline.layout, source="the random batch")
+    model_in, _ = pipeline.preprocess(adapter)(raw, np.zeros(len(raw)))
+    return raw, model_in
 
 
 def run_demo(args: argparse.Namespace) -> int:

@@ -151,8 +151,54 @@ def convert_arguments(c: argparse.ArgumentParser) -> None:
         "with a fixed one (checked against the model as exported)",
     )
     c.add_argument("--model-output", help="the model output the loss reads (default: the first)")
+    _preprocessing_arguments(c)
     c.add_argument("--emit-onnx", metavar="STEP.onnx", help="also write the training step as standard ONNX")
     c.set_defaults(run=_convert, parser=c)
+
+
+def _hw(text: str) -> tuple[int, int]:
+    parts = text.replace("x", ",").split(",")
+    try:
+        h, w = (int(p) for p in parts) if len(parts) == 2 else (int(parts[0]),) * 2
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not HEIGHT,WIDTH (e.g. 224,224) or one size") from None
+    if h < 1 or w < 1:
+        raise argparse.ArgumentTypeError(f"'{text}': sizes must be positive")
+    return h, w
+
+
+def _preprocessing_arguments(c: argparse.ArgumentParser) -> None:
+    """The model's input pipeline, declared once at convert: stored in the artifact, applied by train, eval, the
+    phone app and the fleet, written into the exported ONNX."""
+    g = c.add_argument_group(
+        "input pipeline",
+        "how raw data becomes the model's input, declared once: train, eval, the phone app and the fleet apply it, "
+        "and the exported ONNX model contains it (default: the model's metadata_props 'edgetrain.preprocessing', "
+        "else none: data is fed as it is read)",
+    )
+    g.add_argument(
+        "--scale",
+        nargs="?",
+        const="1/255",
+        metavar="FACTOR",
+        help="multiply raw values by FACTOR (--scale alone: 1/255, 8-bit pixels to [0, 1]; the export takes uint8)",
+    )
+    g.add_argument("--normalize", metavar="MEAN,STD", help="then (x - MEAN) / STD per channel (as train's)")
+    g.add_argument(
+        "--layout",
+        choices=["nchw", "nhwc"],
+        help="the raw images' layout: nhwc (channels last, as cameras give)",
+    )
+    g.add_argument(
+        "--input-range",
+        metavar="LOW,HIGH",
+        help="the raw values' range, e.g. 0,1 for a model fed [0, 1] floats: data outside it is refused "
+        "(default: 0,255 with --scale 1/255, else unchecked)",
+    )
+    g.add_argument("--resize", type=_hw, metavar="H,W", help="resize raw images to H,W first (bilinear)")
+    g.add_argument(
+        "--crop", type=_hw, metavar="H,W", help="then center-crop them to H,W (the model's input size)"
+    )
 
 
 def _add_check(sub, common: argparse.ArgumentParser) -> None:
@@ -267,6 +313,8 @@ def _data_arguments(p: argparse.ArgumentParser) -> None:
         metavar="MEAN,STD",
         help="then (x - MEAN) / STD per channel: 0.5,0.25 or per channel 0.485:0.456:0.406,0.229:0.224:0.225",
     )
+    p.add_argument("--x-key", metavar="KEY", help="an .npz's array of samples (default x)")
+    p.add_argument("--y-key", metavar="KEY", help="an .npz's array of labels or targets (default y)")
 
 
 def _add_export(sub, common: argparse.ArgumentParser) -> None:
@@ -275,6 +323,11 @@ def _add_export(sub, common: argparse.ArgumentParser) -> None:
     x.add_argument("--checkpoint", help="trained parameters (default: the artifact's initial ones)")
     x.add_argument("-o", "--output", required=True, help="the ONNX file to write")
     x.add_argument("--no-check", action="store_true", help="skip the onnxruntime check")
+    x.add_argument(
+        "--no-preprocessing-in-export",
+        action="store_true",
+        help="leave the input pipeline out of the exported model (the app applies it; the model's metadata says how)",
+    )
     x.set_defaults(run=_export, parser=x)
 
 

@@ -26,7 +26,13 @@ from .common import default_checkpoint, load_weights, open_session, plural
 
 def _data_options(args: argparse.Namespace):
     try:
-        return parse_options(args.layout, args.scale, args.normalize)
+        return parse_options(
+            args.layout,
+            args.scale,
+            args.normalize,
+            getattr(args, "x_key", None),
+            getattr(args, "y_key", None),
+        )
     except ValueError as e:
         raise UsageError(str(e)) from None
 
@@ -364,6 +370,8 @@ def run_eval(args: argparse.Namespace) -> int:
     n = view.size()
     print(f"evaluated {args.artifact} on {args.data}: {n:,} samples in {duration(seconds)}")
     print(f"  parameters  {which}")
+    if feed.pipeline is not None and feed.pipeline.declared:
+        print(f"  input       {feed.pipeline.describe()}")
     print(f"  loss        {loss:.4f} (mean per sample)")
     if acc is not None:
         print(f"  accuracy    {percent(acc)} ({int(round(acc * n)):,} of {n:,})")

@@ -50,6 +50,8 @@ class TrainingArtifact:
     batch_plan: BatchPlan | None = None  # how the inference graph (base) moves to another batch, when fixed
     # the step for the runtime's fused optimizer (see _fused_program), or None: the runtime runs `graph`
     fused: dict | None = None
+    # the declared input pipeline (loaders.InputPipeline.to_json()), or None: data is fed as readers give it
+    preprocessing: dict | None = None
 
     @property
     def frozen(self) -> list[str]:
@@ -145,4 +147,6 @@ def save_artifact(art: TrainingArtifact, path: str | os.PathLike) -> int:
         "optimizer": art.optimizer_config,
         "provenance": art.provenance,
     }
+    if art.preprocessing is not None:
+        header["preprocessing"] = art.preprocessing
     return write_container(path, kind="artifact", header=header, tensors=tensors)

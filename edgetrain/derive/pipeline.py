@@ -39,6 +39,7 @@ from .params import (
     tie_copies,
     untie_merged,
 )
+from .preprocessing import declared_pipeline
 
 
 def _rename(graph: Graph, mapping: dict[str, str]) -> None:
@@ -67,13 +68,16 @@ def convert(
     output: str | None = None,
     untie: bool | Sequence[str] = False,
     parameters: Any = None,
+    preprocessing: Any = None,
 ) -> TrainingArtifact:
     """ONNX inference model (path, bytes, onnx.ModelProto, or a static edgetrain Graph) -> TrainingArtifact.
     loss: any ILoss; optimizer: any IOptimizer; trainable: None for every parameter, or names / glob patterns;
     batch_size fixes a symbolic batch dimension; output names the model output the loss reads (default: the
     first); untie=True (or names) keeps apart the copies of one tensor that would train as one (see the notes);
     parameters is a parameter manifest (a dict or a JSON file) that says what trains, when the model does not carry
-    its own (edgetrain.torch_export writes one into the model)."""
+    its own (edgetrain.torch_export writes one into the model); preprocessing is the input pipeline (a
+    loaders.InputPipeline or its JSON dict) that turns raw data into the model's input, stored in the artifact (default:
+    the model's metadata_props "edgetrain.preprocessing", else none)."""
     if not isinstance(loss, ILoss):
         raise UnsupportedError(
             f"loss must be an ILoss (e.g. et.CrossEntropyLoss()), not {type(loss).__name__}"
@@ -84,7 +88,10 @@ def convert(
         )
     source = os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
     with about(source):  # every fault found on the way names the model file
-        return _convert(model, loss, optimizer, trainable, batch_size, output, (untie, parameters))
+        art = _convert(model, loss, optimizer, trainable, batch_size, output, (untie, parameters))
+        art.preprocessing, notes = declared_pipeline(art.base, preprocessing)
+        art.notes.extend(notes)
+        return art
 
 
 def _convert(model, loss, optimizer, trainable, batch_size, output, reading) -> TrainingArtifact:

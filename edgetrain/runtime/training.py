@@ -8,7 +8,7 @@ import math
 import os
 import tempfile
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,6 +23,9 @@ from .artifact import load_artifact
 from .feature_cache import DEFAULT_MAX_BYTES, FeatureCache
 from .fused import FusedOptimizer, finite, fusable, usable
 from .threads import apply_threads
+
+if TYPE_CHECKING:  # loaders loads when a session meets an input pipeline, not with every session
+    from loaders import InputPipeline
 
 CLASS_LOSSES = ("CrossEntropyLoss", "NextTokenLoss")  # losses whose targets are class labels
 
@@ -90,6 +93,7 @@ class TrainingSession:
         self._target_info = art.program.values[io["target"]]
         self._class_axis: tuple[int, list] = (1, [])  # (axis, output shape) of a cross-entropy's classes
         self._n_classes = self._classes()
+        self._pipeline = self._declared_pipeline() if "preprocessing" in art.header else None
         self._data_graph = None
         self._cache = None  # the frozen prefix's feature cache, when enabled
         self._cache_reason = "not enabled"
@@ -112,6 +116,57 @@ class TrainingSession:
             self._values = self._fused.values()
         else:
             self._values[name] = np.array(value, dtype=self._values[name].dtype)
+
+    def _declared_pipeline(self) -> InputPipeline:
+        """The artifact's input pipeline (declared at convert), else an undeclared one for the model's input."""
+        from loaders import (  # start-up: a session of a model without one loads no loaders
+            ConfigError,
+            InputPipeline,
+        )
+
+        art = self.artifact
+        spec = art.header.get("preprocessing")
+        names = self._io["data_inputs"]
+        dtype = np.dtype(art.program.values[names[0]].dtype).name if len(names) == 1 else "float32"
+        if spec is None:
+            return InputPipeline(dtype=dtype)
+        try:
+            pipeline = InputPipeline.from_json(spec, source=f"artifact '{art.path}'")
+        except ConfigError as e:
+            raise ArtifactError(f"{e}; rebuild it with `edgetrain convert`") from None
+        if pipeline.dtype != dtype:
+            raise ArtifactError(
+                f"artifact '{art.path}': its input pipeline makes {pipeline.dtype} values, but the model's input "
+                f"takes {dtype}; rebuild it with `edgetrain convert`"
+            )
+        return pipeline
+
+    @property
+    def preprocessing(self) -> InputPipeline:
+        """How raw data becomes the model's input (loaders.InputPipeline): declared at convert and stored in the
+        artifact, or set on a session of an artifact that declares none (then saved in its checkpoints).
+        `edgetrain train`/`eval`, the phone app and the fleet's clients apply it to their data; export_onnx writes it
+        into the exported model."""
+        if self._pipeline is None:
+            self._pipeline = self._declared_pipeline()
+        return self._pipeline
+
+    @preprocessing.setter
+    def preprocessing(self, pipeline: InputPipeline | Mapping[str, Any]) -> None:
+        own = self.preprocessing
+        if not isinstance(pipeline, type(own)):
+            pipeline = type(own).from_json(pipeline, source="preprocessing")
+        if pipeline.dtype != own.dtype:
+            raise FeedError(
+                f"the input pipeline makes {pipeline.dtype} values, but the model's input takes {own.dtype}"
+            )
+        if own.declared and pipeline != own:
+            raise FeedError(
+                f"'{self.artifact.path}' declares its input pipeline ({own.describe()}), set when it "
+                f"was converted; another ({pipeline.describe()}) would feed the model other values than it was "
+                f"converted for: convert again with the preprocessing options you want"
+            )
+        self._pipeline = pipeline
 
     # ---- the interface -----------------------------------------------------------------------------------------
     @property
@@ -393,7 +448,26 @@ class TrainingSession:
             "user_state": user,
             "artifact": os.path.basename(self.artifact.path),
         }
+        if (
+            self._pipeline is not None and self._pipeline.declared
+        ):  # how the data was fed: eval and export apply it
+            header["preprocessing"] = self._pipeline.to_json()
         return write_container(path, kind="checkpoint", header=header, tensors=self._values)
+
+    def _checkpoint_pipeline(self, path, header: Mapping[str, Any]):
+        """The input pipeline a checkpoint's data was fed by, when it recorded one (an InputPipeline)."""
+        spec = header.get("preprocessing")
+        if spec is None:
+            return None
+        from loaders import (  # start-up: only checkpoints that record one load loaders
+            ConfigError,
+            InputPipeline,
+        )
+
+        try:
+            return InputPipeline.from_json(spec, source=f"checkpoint '{path}'")
+        except ConfigError as e:
+            raise ArtifactError(f"{e}: the file is damaged or was made elsewhere") from None
 
     def load_checkpoint(self, path: str | os.PathLike) -> dict[str, Any]:
         """Restores a checkpoint of this model; returns its user_state. Every field is checked before anything is
@@ -422,15 +496,25 @@ class TrainingSession:
                     f"checkpoint '{path}': '{k}' holds non-finite values (NaN or infinity); edgetrain never writes "
                     "such a checkpoint, so the file was made elsewhere or damaged: use an earlier checkpoint"
                 )
+        pipeline = self._checkpoint_pipeline(path, header)
+        if pipeline is not None and pipeline != self.preprocessing and self.preprocessing.declared:
+            raise ArtifactError(
+                f"checkpoint '{path}' was trained on data fed by another input pipeline ({pipeline.describe()}) than "
+                f"the one '{self.artifact.path}' declares ({self.preprocessing.describe()})"
+            )
         for k in list(self._values):
             self._assign(k, tensors[k])
         self.step, self._lr = step, float(lr)
+        if pipeline is not None:
+            self._pipeline = pipeline
         return dict(user)
 
     # ---- export ------------------------------------------------------------------------------------------------
-    def export_onnx(self, path: str | os.PathLike) -> None:
+    def export_onnx(self, path: str | os.PathLike, *, preprocessing: bool = True) -> None:
         """Writes the inference model with the trained parameters (nothing of the training graph); onnxruntime
-        runs it. Needs the onnx package."""
+        runs it. A declared input pipeline goes in as graph nodes before the model (preprocessing=False leaves it
+        out: the app applies it, as the model's metadata_props "edgetrain.preprocessing" says), so onnxruntime on
+        raw data gives the session's answer. Needs the onnx package."""
         try:
             from edgetrain.onnx_io.writer import export_inference  # needs onnx: an optional dependency
         except ImportError as e:
@@ -445,7 +529,17 @@ class TrainingSession:
             "edgetrain.source_sha256": str(prov.get("source_sha256", "")),
         }
         params = {p: self._values[p] for p in self._io["parameters"]}
-        export_inference(self.artifact.base, params, path, props=props)
+        base = self.artifact.base
+        if self._pipeline is not None and self._pipeline.declared:
+            spec = json.dumps(self._pipeline.to_json())
+            if preprocessing:
+                from edgetrain.graph.preprocessing import with_preprocessing  # start-up: only exports load it
+
+                base = with_preprocessing(base, self._pipeline)
+                props["edgetrain.preprocessing_in_graph"] = spec
+            else:
+                props["edgetrain.preprocessing"] = spec
+        export_inference(base, params, path, props=props)
 
     # ---- feeds -------------------------------------------------------------------------------------------------
     def _classes(self) -> int | None:
