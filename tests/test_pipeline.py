@@ -8,6 +8,8 @@ and the accuracy an undisturbed run reaches."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -289,3 +291,59 @@ def test_a_folder_of_pngs_trains_evaluates_and_exports_through_the_pipeline(png_
 def test_images_of_another_size_say_how_to_resize_them(png_digits, tmp_path):
     proc = cli("eval", ROOT / "android_demo" / "data" / "digits.etrain", "--data", png_digits)
     assert proc.returncode == 1 and "convert with --resize 28,28" in one_error_line(proc)
+
+
+# ---- the phone app ---------------------------------------------------------------------------------------------
+def android(*args, home: Path) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "android_demo", "--home", str(home), *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+
+def test_the_app_scales_files_and_page_samples_by_the_models_pipeline(tmp_path):
+    """The shipped app's model declares x / 255: a uint8 file and a page's 8-bit drawing are stored as the model's
+    [0, 1] input, [0, 1] floats are refused, and a prediction on raw pixels is the session's on x / 255."""
+    from android_demo.app import Home
+    from android_demo.simulate import ARTIFACT
+
+    home = Home.init(tmp_path / "home", ARTIFACT)
+    x, y = digits_npz(tmp_path / "u8.npz", scaled=False)
+    assert ok(android("add", "--data", tmp_path / "u8.npz", home=home.path)).returncode == 0
+    with home.store() as s:
+        stored, _ = s.get(min(s.ids()))
+    assert np.array_equal(stored, x[0] / np.float32(255))
+    digits_npz(tmp_path / "f.npz", scaled=True)
+    proc = android("add", "--data", tmp_path / "f.npz", home=home.path)
+    assert proc.returncode == 1 and "scale these a second time" in proc.stderr
+    proc = android("add", "--data", tmp_path / "u8.npz", "--scale", "1/256", home=home.path)
+    assert proc.returncode == 1 and "contradicts the model's input pipeline" in proc.stderr
+    sid = home.add(x[1], y[1])  # what the page sends: 8-bit pixels
+    with home.store() as s:
+        assert np.array_equal(s.get(sid)[0], x[1] / np.float32(255))
+    sess = et.TrainingSession(ARTIFACT)
+    np.testing.assert_allclose(
+        home.predict(x[:4]), sess.run(x[:4] / np.float32(255)), atol=1e-6
+    )  # probabilities
+    assert home.input_range() == (0.0, 255.0)
+
+
+def test_a_home_without_a_pipeline_adopts_the_scale_of_its_first_file(tmp_path):
+    """`add --scale` was advised and did not exist; now a home whose model declares nothing adopts it for every
+    later sample (files, page, bursts, evaluation), and refuses it once unscaled samples are stored."""
+    art = tmp_path / "plain.etrain"
+    ok(cli("convert", lenet_without_pipeline(tmp_path / "l.onnx"), "-o", art, "--batch-size", 10))
+    digits_npz(tmp_path / "u8.npz", scaled=False)
+    digits_npz(tmp_path / "t.npz", scaled=False, split="test")
+    ok(android("init", "--artifact", art, home=tmp_path / "a"))
+    proc = ok(android("add", "--data", tmp_path / "u8.npz", home=tmp_path / "a"))
+    assert "--scale 1/255" in proc.stderr  # the note names the fix, which the app now takes
+    proc = android("add", "--data", tmp_path / "u8.npz", "--scale", home=tmp_path / "a")
+    assert proc.returncode == 1 and "set up a new home" in proc.stderr
+
+    ok(android("init", "--artifact", art, home=tmp_path / "b"))
+    ok(android("add", "--data", tmp_path / "u8.npz", "--scale", home=tmp_path / "b"))
+    evaluated = ok(android("evaluate", "--data", tmp_path / "t.npz", "--json", home=tmp_path / "b"))
+    plain = accuracy(ok(cli("eval", art, "--data", DIGITS)))
+    assert json.loads(evaluated.stdout)["accuracy"] == pytest.approx(plain, abs=6e-4)  # eval prints 99.3%
+    from android_demo.app import Home
+
+    assert Home(tmp_path / "b").input_range() == (0.0, 255.0)
