@@ -33,8 +33,7 @@ import edgetrain as et
 from edgetrain.core.container import atomic_write
 from edgetrain.runtime.feeding import DataOptions, open_feed
 from edgetrain.runtime.trainer import evaluate, session_batch
-from loaders import DataLoader, SampleStore, adapt_samples
-from loaders.pipeline import array_facts
+from loaders import DataLoader, SampleStore
 
 from .policy import may_train
 
@@ -232,14 +231,11 @@ class Home:
 
     def _model_input(self, sess: et.TrainingSession, x: np.ndarray) -> np.ndarray:
         """Raw samples [N, ...] -> the model's input, by the model's input pipeline (checked against it)."""
-        pipeline = sess.preprocessing
         name = sess.artifact.io["data_inputs"][0]
         want = tuple(int(d) for d in sess.artifact.program.values[name].shape[1:])
-        if not pipeline.declared and tuple(x.shape[1:]) == want:
+        if not sess.preprocessing.declared and tuple(x.shape[1:]) == want:
             return x
-        adapter = adapt_samples(x.shape[1:], want, layout=pipeline.layout, source="the sample")
-        pipeline.check(array_facts(x, "the sample"))
-        return pipeline.preprocess(adapter)(x, np.zeros(len(x)))[0]
+        return sess.preprocess(x, source="the sample")
 
     def _inference(self) -> et.TrainingSession:
         """The current version for predictions, cached until the version changes."""
