@@ -168,6 +168,27 @@ class TrainingSession:
             )
         self._pipeline = pipeline
 
+    def preprocess(self, x: Any, *, source: str = "the samples") -> np.ndarray:
+        """Raw samples [N, ...] (camera bytes, 0-255 pixels) -> the model's input, by the input pipeline, checked
+        against it (a DataError says what contradicts it). Without a declared pipeline the samples are only fitted
+        to the model's input shape and dtype."""
+        from loaders import adapt_samples  # start-up: loaded by the sessions that meet raw data
+        from loaders.pipeline import array_facts  # start-up: as above
+
+        pipeline = self.preprocessing
+        x = np.asarray(x)
+        names = self._io["data_inputs"]
+        if len(names) != 1:
+            raise FeedError(
+                f"preprocess takes one-input models; this one has {len(names)} ({', '.join(names)})"
+            )
+        want = tuple(int(d) for d in self.artifact.program.values[names[0]].shape[1:])
+        if x.ndim < 1:
+            raise FeedError(f"{source}: a batch [N, ...] is needed, got a scalar")
+        adapter = adapt_samples(x.shape[1:], want, layout=pipeline.layout, source=source)
+        pipeline.check(array_facts(x, source))
+        return pipeline.preprocess(adapter)(x, np.zeros(len(x)))[0]
+
     # ---- the interface -----------------------------------------------------------------------------------------
     @property
     def lr(self) -> float:
