@@ -222,21 +222,31 @@ def class_count(num_classes) -> int:
     return int(num_classes)
 
 
-def check_labels(view: IDataView, num_classes: int) -> None:
-    """Raise DataError unless every label of `view` is an integer class in [0, num_classes)."""
+def check_labels(view: IDataView, num_classes: int, *, per_sample: Sequence[int] = ()) -> None:
+    """Raise DataError unless every label of `view` is an integer class in [0, num_classes): one per sample (shape
+    [N]; [N, 1, 1] too, as a [N, C, 1, 1] output's labels may be stored), or, given the model's `per_sample` label
+    shape (a segmentation's [H, W]), one per position. Axes of size 1 past the first never matter."""
     num_classes = class_count(num_classes)
     y = np.asarray(view.labels())
     if y.dtype.kind not in "biu":
         raise DataError(
             f"{view.source}: labels are {y.dtype}, not integer classes (num_classes={num_classes})"
         )
-    if y.ndim != 1:
-        raise DataError(f"{view.source}: class labels must be one integer per sample, got shape {y.shape}")
+    want = [int(d) for d in per_sample if d != 1]
+    if y.ndim == 0 or [d for d in y.shape[1:] if d != 1] != want:
+        what = (
+            f"one integer per position, shape [N, {', '.join(map(str, want))}]"
+            if want
+            else "one integer per sample, shape [N]"
+        )
+        raise DataError(f"{view.source}: class labels must be {what}, got shape {y.shape}")
+    y = y.reshape(-1)
+    per = int(np.prod(want))  # labels per sample
     bad = np.flatnonzero((y < 0) | (y >= num_classes))
     if bad.size:
         i = int(bad[0])
         raise DataError(
-            f"{view.source}: label {int(y[i])} of sample {i} is out of range for num_classes={num_classes} "
+            f"{view.source}: label {int(y[i])} of sample {i // per} is out of range for num_classes={num_classes} "
             f"(labels span {int(y.min())}..{int(y.max())}; {bad.size} out of range)",
             view.source,
         )

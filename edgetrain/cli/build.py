@@ -93,6 +93,7 @@ def _declared_preprocessing(args: argparse.Namespace):
 def run_convert(args: argparse.Namespace) -> int:
     if not os.path.isfile(args.model):
         raise EdgeTrainError(f"{args.model}: no such file (convert takes an ONNX inference model)")
+    from edgetrain.derive.check import frozen_tensors  # build side: loaded once there is a model to convert
     from edgetrain.derive.pipeline import convert  # build side: loaded once there is a model to convert
 
     loss, optimizer = _make_loss(args), _make_optimizer(args)
@@ -125,14 +126,19 @@ def run_convert(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - t0
     plan = inspect_container(out)["header"].get("plan", {})  # the header alone: no second read of the tensors
     n_train = sum(int(art.initial[p].size) for p in art.parameters)
-    frozen = art.frozen
-    n_frozen = sum(int(np.prod(art.roles.entries[p].shape)) for p in frozen)  # folded ones too
+    frozen = frozen_tensors(art.base, art.parameters)  # counted as `edgetrain check` counts them
+    n_frozen = sum(int(art.base.initializers[p].size) for p in frozen)
     batch = art.graph.values[art.data_inputs[0]].shape[0]
     backward = len(art.graph.nodes) - len(art.inference.nodes)
     print(f"converted {args.model} -> {out} ({mb(size)}) in {duration(seconds)}")
     for line in art.notes + ([fallback] if fallback else []):
         print(f"  {line}")
+    if getattr(args, "debug", False) and art.batch_plan is not None:  # every rewritten node, not the summary
+        print("  every rewritten node:")
+        for line in art.batch_plan.describe(art.base, batch):
+            print(f"    {line}")
     print(f"  loss        {_config_text(art.loss_config)}")
+    print(f"  labels      {loss.describe_target(art.inference.info(args.model_output or art.outputs[0]))}")
     print(f"  optimizer   {_config_text(art.optimizer_config)}")
     print(f"  batch       {batch}")
     print(

@@ -1,6 +1,6 @@
 """The trainability report (`edgetrain check`, needs onnx): ONNX model -> which ops have gradient rules, which
-parameters would train, and whether a training step can be derived, with the reason when it cannot. The list of the
-ops edgetrain supports (`edgetrain check --ops`) is edgetrain.derive.supported."""
+parameters would train, how the labels must look, and whether a training step can be derived, with the reason when
+it cannot. The list of the ops edgetrain supports (`edgetrain check --ops`) is edgetrain.derive.supported."""
 
 from __future__ import annotations
 
@@ -11,15 +11,17 @@ from typing import Any
 
 import numpy as np
 
-from edgetrain.core.errors import EdgeTrainError
+from edgetrain.core.errors import EdgeTrainError, UnsupportedError
 from edgetrain.core.ir import Graph, about
+from edgetrain.core.ops import record
 from edgetrain.graph.passes import fold_constants, make_static
 from edgetrain.onnx_io.reader import from_onnx, load_model, source_of
 from edgetrain.onnx_io.shapes import check_types, node_shapes
 
 from .autodiff import GradContext, ShapedBuilder, differentiate
 from .autodiff.registry import RULES
-from .params import FIXED, Roles
+from .losses import CrossEntropyLoss, dims
+from .params import FIXED, Role, Roles
 from .pipeline import read_roles
 
 
@@ -55,6 +57,8 @@ class CheckReport:
     problem: str = ""
     backward_nodes: int = 0
     notes: list[str] = field(default_factory=list)
+    labels: str = ""  # how the labels must look for the first output (see _labels)
+    frozen: list[str] = field(default_factory=list)  # see frozen_tensors
 
     @property
     def missing_rules(self) -> list[str]:
@@ -65,18 +69,13 @@ class CheckReport:
         lines += [f"input      {n}  {t}" for n, t in self.inputs] + [
             f"output     {n}  {t}" for n, t in self.outputs
         ]
+        lines += [f"labels     {self.labels}"] if self.labels else []
         lines += ["", f"{'op':24s} {'nodes':>5s} {'on grad path':>12s}  gradient rule"]
         for o in self.ops:
             rule = "yes" if o.has_rule else ("MISSING" if o.on_gradient_path else "no (not needed)")
             lines.append(f"{o.op_type:24s} {o.count:5d} {o.on_gradient_path:12d}  {rule}")
         by_kind = {k: [p for p in self.parameters if p.kind == k] for k in ("parameter", "constant", "fixed")}
-        size = sum(int(np.prod(p.shape)) for p in by_kind["parameter"])
-        lines += [
-            "",
-            f"parameters: {len(by_kind['parameter'])} train by default ({size:,} values); "
-            f"{len(by_kind['constant'])} float constants train only when named; "
-            f"{len(by_kind['fixed'])} statistics and shape values never train",
-        ]
+        lines += ["", self._count_line(by_kind)]
         titles = {
             "parameter": "parameters (train by default)",
             "constant": "constants (train only when named in --trainable / trainable=)",
@@ -107,6 +106,27 @@ class CheckReport:
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
+    def _count_line(self, by_kind: dict[str, list[ParameterInfo]]) -> str:
+        """How many tensors train and how many are frozen, counted as `convert` counts them (frozen_tensors)."""
+        size = sum(int(np.prod(p.shape)) for p in by_kind["parameter"])
+        fixed, constants = (sum(int(np.prod(p.shape)) > 1 for p in by_kind[k]) for k in ("fixed", "constant"))
+        computed = len(self.frozen) - fixed - constants
+        return (
+            f"parameters: {len(by_kind['parameter'])} trainable by default ({size:,} values), "
+            f"{len(self.frozen)} frozen: {fixed} statistics and shape values never train, {constants} float "
+            "constants train only when named"
+            + (f", {computed} computed from constants" if computed > 0 else "")
+        )
+
+
+def frozen_tensors(graph: Graph, trained: Any) -> list[str]:
+    """The float tensors of more than one value in a model (its graph folded, as convert reads it) that do not
+    train: frozen parameters, statistics, float constants. `check` and `convert` count these as frozen."""
+    trained = set(trained)
+    return [
+        n for n, a in graph.initializers.items() if n not in trained and a.dtype.kind == "f" and a.size > 1
+    ]
+
 
 def _param_line(p: ParameterInfo, width: int) -> str:
     """name, shape, the decision's reason, and what a pattern can target: its author's name, else the module paths
@@ -127,7 +147,7 @@ def _check(model: Any, batch_size: int | None) -> CheckReport:
     proto = load_model(model)
     imported, roles, untied = read_roles(from_onnx(proto))
     base = fold_constants(imported, fold_shapes=False, keep=roles.parameters, rule=node_shapes)
-    roles = roles.finalize(base)
+    roles = _with_folded_statistics(roles.finalize(base), base)
     graph = make_static(base, batch_size=batch_size, keep=roles.parameters, rule=node_shapes)
     check_types(graph)
     params = [p for p in roles.parameters if p in graph.initializers]
@@ -140,6 +160,8 @@ def _check(model: Any, batch_size: int | None) -> CheckReport:
         ops=_coverage(graph, params),
         parameters=infos,
         derivable=False,
+        labels=_labels(graph),
+        frozen=frozen_tensors(base, roles.parameters),
     )
     report.notes.extend(untied)
     tied = [p for p in infos if p.trainable and p.aliases]
@@ -152,6 +174,51 @@ def _check(model: Any, batch_size: int | None) -> CheckReport:
         )
     _derive(report, graph, params, batch_size)
     return report
+
+
+def _with_folded_statistics(roles: Roles, graph: Graph) -> Roles:
+    """The roles, with the statistics a model computes from constants, which folding made initializers (the onnx
+    zoo's light models fill BatchNorm's running mean and variance with ConstantOfShape): they never train, as
+    statistics stored as initializers do, and the report counts both."""
+    entries = dict(roles.entries)
+    for n in graph.nodes:
+        for pos, what in record(n.op_type).statistics.items():
+            name = n.inputs[pos] if pos < len(n.inputs) else ""
+            arr = graph.initializers.get(name)
+            if arr is not None and name not in entries:
+                shape = tuple(int(d) for d in arr.shape)
+                scope = graph.scopes.get(n.name, "")
+                entries[name] = Role(
+                    name, FIXED, f"{what} of {n.op_type}", [n.name], shape, arr.dtype.name, scopes=[scope]
+                )
+    return Roles(entries)
+
+
+def _labels(graph: Graph) -> str:
+    """How the labels must look for the first output with the default loss (cross-entropy over axis 1), or with
+    the options its layout needs: the class axis a language model writes last, a regression's loss."""
+    out = graph.outputs[0]
+    info = graph.values[out]
+    shape = tuple(info.shape or ())
+    if np.dtype(info.dtype).kind != "f" or not shape:
+        return ""  # nothing to train on per sample: the report's problem says so
+    if len(shape) < 2 or shape[1:] == (1,):
+        return (
+            f"one value per sample, shape {dims(shape)} ({np.dtype(info.dtype).name}): convert with --loss "
+            "mse (a regression) or --loss bce (a yes/no logit); cross-entropy needs 2 classes or more"
+        )
+    auto = CrossEntropyLoss(class_axis="auto")
+    try:
+        auto.prepare(GradContext(ShapedBuilder(graph, rule=node_shapes)), out)
+    except UnsupportedError:  # no axis to read from the graph: PyTorch's axis 1, the default
+        return CrossEntropyLoss().describe_target(info)
+    if auto.axis == 1:
+        return CrossEntropyLoss().describe_target(info)
+    axis = auto.axis - len(shape)
+    text = CrossEntropyLoss(class_axis=axis).describe_target(info) + f": convert with --class-axis {axis}"
+    if axis == -1 and len(shape) == 3:
+        text += ", or --loss next-token when the labels are the input ids themselves"
+    return text
 
 
 def _coverage(graph: Graph, params: list[str]) -> list[OpCoverage]:

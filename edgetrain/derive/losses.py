@@ -44,6 +44,12 @@ class ILoss(ABC):
         """The loss's settings, as recorded in the artifact (JSON values)."""
         return {"type": type(self).__name__, **{k: v for k, v in vars(self).items() if not k.startswith("_")}}
 
+    def describe_target(self, prediction: TensorInfo) -> str:
+        """How the targets must look, in words, for a model output of this dtype and shape (`edgetrain check`
+        and `convert` print it): the default is the target's shape and dtype."""
+        info = self.target_info(prediction)
+        return f"targets of shape {dims(info.shape)} ({np.dtype(info.dtype).name})"
+
     def _reduce(self, g: GradContext, per_element: str) -> str:
         op = "ReduceMean" if self.reduction == "mean" else "ReduceSum"
         return g.op(op, per_element, keepdims=0, name="loss")
@@ -64,9 +70,10 @@ class CrossEntropyLoss(ILoss):
     labels [batch, d1, ...]); -1 for a language model's [batch, positions, vocabulary] (labels [batch, positions],
     averaged over every position, as Hugging Face flattens them); "auto" reads it from the graph (the axis the
     model's own Softmax runs over, else the last axis after a MatMul/Gemm head, axis 1 after a Conv) and says so in
-    the artifact's notes. When the output comes from a Softmax (or LogSoftmax) over the class axis, the loss reads
-    the logits under it, through a stable log-softmax. Labels equal to ignore_index count for nothing (PyTorch's
-    -100 is a common choice)."""
+    the artifact's notes. An output whose axes past the class axis all have size 1 ([batch, classes, 1, 1]:
+    SqueezeNet's pooled Conv head) holds one sample's class scores: its labels are [batch], one per sample. When the
+    output comes from a Softmax (or LogSoftmax) over the class axis, the loss reads the logits under it, through a
+    stable log-softmax. Labels equal to ignore_index count for nothing (PyTorch's -100 is a common choice)."""
 
     def __init__(
         self,
@@ -96,10 +103,15 @@ class CrossEntropyLoss(ILoss):
             "label_smoothing": self.label_smoothing,
             "ignore_index": self.ignore_index,
         }
-        axis = self._decided if self.class_axis == "auto" else self.class_axis
+        axis = self.axis
         if axis != 1:  # PyTorch's axis 1 is what an artifact without the key means
             cfg["class_axis"] = axis
         return cfg
+
+    @property
+    def axis(self) -> int | None:
+        """The class axis: class_axis, or the one "auto" found in the graph (None until prepare has run)."""
+        return self._decided if self.class_axis == "auto" else self.class_axis
 
     def target_info(self, prediction: TensorInfo) -> TensorInfo:
         shape = tuple(prediction.shape or ())
@@ -107,8 +119,30 @@ class CrossEntropyLoss(ILoss):
             raise UnsupportedError(
                 f"{type(self).__name__} needs a model output of shape [batch, classes, ...], got {prediction}"
             )
-        axis = _class_axis(self._decided if self.class_axis == "auto" else self.class_axis, prediction)
+        axis = _class_axis(self.axis, prediction)
+        if singleton_tail(shape, axis):  # [N, C, 1, 1]: one label per sample, as for [N, C]
+            return TensorInfo(np.dtype("int64"), shape[:axis])
         return TensorInfo(np.dtype("int64"), shape[:axis] + shape[axis + 1 :])
+
+    def describe_target(self, prediction: TensorInfo) -> str:
+        """e.g. "one class index 0..999 per sample, shape [N] (the output [N,1000,1,1] has singleton spatial
+        axes)"."""
+        shape = tuple(prediction.shape or ())
+        target = self.target_info(prediction).shape
+        axis = _class_axis(self.axis, prediction)
+        what = "token id" if axis == len(shape) - 1 == 2 else "class index"
+        per = "per sample" if len(target) == 1 else "per position"
+        if singleton_tail(shape, axis):
+            why = f"the output {dims(shape)} has singleton spatial axes"
+        elif len(shape) == 2:
+            why = f"the output {dims(shape)} holds {shape[1]} class scores per sample"
+        elif axis == 1:
+            why = f"the output {dims(shape)} holds the class scores on axis 1, at every position"
+        else:
+            why = f"class axis {axis - len(shape)} of the output {dims(shape)}"
+        if self.ignore_index is not None:
+            why += f"; {self.ignore_index} counts for nothing"
+        return f"one {what} 0..{_last(shape[axis])} {per}, shape {dims(target)} ({why})"
 
     def prepare(self, g: GradContext, prediction: str) -> list[str]:
         """class_axis="auto": finds the axis that holds the classes in the graph, before the target is made."""
@@ -120,8 +154,10 @@ class CrossEntropyLoss(ILoss):
 
     def build(self, g: GradContext, prediction: str, target: str) -> str:
         info = g.graph.values[prediction]
-        rank = len(info.shape)
-        axis = _class_axis(self._decided if self.class_axis == "auto" else self.class_axis, info)
+        axis = _class_axis(self.axis, info)
+        if singleton_tail(info.shape, axis):  # [N, C, 1, 1] read as the [N, C] scores of each sample
+            prediction = _scores(g, prediction, info.shape[: axis + 1])
+        rank = len(g.shape(prediction))
         if rank == 2:  # [n, c] logits: one fused op (and one for its gradient)
             return self._fused(g, _logits(g, prediction, 1), target)
         if axis == 1:  # PyTorch's [batch, classes, d1, ...]
@@ -164,6 +200,13 @@ class NextTokenLoss(CrossEntropyLoss):
             )
         return TensorInfo(np.dtype("int64"), shape[:2])
 
+    def describe_target(self, prediction: TensorInfo) -> str:
+        shape = tuple(prediction.shape)
+        return (
+            f"the token ids themselves, 0..{_last(shape[2])} per position, shape {dims(shape[:2])} (position t "
+            f"learns token t + 1; {self.ignore_index} marks padding, which counts for nothing)"
+        )
+
     def build(self, g: GradContext, prediction: str, target: str) -> str:
         t = g.shape(prediction)[1]
         one = g.ints([1], hint="axis")
@@ -185,6 +228,40 @@ def _class_axis(axis: int | None, prediction: TensorInfo) -> int:
     return axis % rank
 
 
+def singleton_tail(shape: Any, axis: int) -> bool:
+    """Whether the axes past the class axis all have size 1 ([N, C, 1, 1]: SqueezeNet's pooled Conv head): class
+    scores per sample, which take one label per sample; a segmentation's [N, C, H, W] takes one per position."""
+    rest = tuple(shape or ())[axis + 1 :]
+    return bool(rest) and all(d == 1 for d in rest)
+
+
+def dims(shape: Any) -> str:
+    """A shape as the user reads it, the batch axis named N: [N,1000,1,1]."""
+    return "[" + ",".join(["N", *(str(d) for d in tuple(shape)[1:])]) + "]"
+
+
+def _last(classes: Any) -> Any:
+    """The last class index of a class axis of this size (of a symbolic size, in words)."""
+    return classes - 1 if isinstance(classes, (int, np.integer)) else f"{classes}-1"
+
+
+def _scores(g: GradContext, value: str, shape: tuple) -> str:
+    """`value` ([N, C, 1, 1]) as `shape` ([N, C]): the value under it when the model only added the singleton
+    axes (the zoo SqueezeNet reshapes its Softmax's [N, C] output; the loss must see that Softmax to read its
+    logits), else a Reshape of it."""
+    producers = g.graph.producers()
+    under = value
+    while tuple(g.shape(under)) != tuple(shape):
+        p = producers.get(under)
+        if p is None or p.op_type not in _SAME_ORDER or not p.inputs:
+            return g.op("Reshape", value, g.ints(list(shape), hint="scores"))
+        under = p.inputs[0]
+    return under
+
+
+_SAME_ORDER = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")  # the elements in the same order
+
+
 def _auto_axis(g: GradContext, prediction: str, notes: list[str]) -> int:
     """The axis that holds the classes, by the graph: the axis of the model's own Softmax, else the last one after a
     MatMul/Gemm head (a linear layer writes its features last), else 1 after a Conv, or for [batch, classes]."""
@@ -196,6 +273,8 @@ def _auto_axis(g: GradContext, prediction: str, notes: list[str]) -> int:
         axis, why = g.attr(producer, "axis") % rank, f"the model's {producer.op_type} runs over it"
     elif rank == 2:
         axis, why = 1, "the output is [batch, classes]"
+    elif singleton_tail(shape, 1):
+        axis, why = 1, "the output's axes past axis 1 have size 1 (the class scores of each sample)"
     elif head in ("MatMul", "Gemm", "Einsum"):
         axis, why = rank - 1, f"the model's last {head} writes its classes last"
     elif head in ("Conv", "ConvTranspose"):

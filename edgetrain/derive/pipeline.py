@@ -360,6 +360,28 @@ def _rebatch(base: Graph, batch_size: int | None, rule=None) -> tuple[BatchPlan 
         f"re-batched: the model was exported with a fixed batch of {b0} ({shown}); it trains at batch "
         f"{batch_size}, and its exported ONNX keeps batch {b0}"
     ]
-    notes += [f"  rewrote {line}" for line in plan.describe(base, batch_size)]
+    notes += _rewrites(plan, base, batch_size)
     notes.append("  checked: the re-batched model gives the exported model's outputs, sample by sample")
     return plan, notes
+
+
+def _rewrites(plan: BatchPlan, base: Graph, batch_size: int, shown: int = 3) -> list[str]:
+    """The rewritten shape constants, one line per op: a node alone as it reads, several by their count, the first
+    few names and the first change (ShuffleNet has 33 Reshapes). plan.describe(base, batch_size) lists every one
+    (`edgetrain convert --debug` prints it)."""
+    ops = {n.name: n.op_type for n in base.nodes}
+    by_op: dict[str, dict[str, str]] = {}  # op -> {node: its first line}
+    for edit, line in zip(plan.edits, plan.describe(base, batch_size)):
+        by_op.setdefault(ops[edit.node], {}).setdefault(edit.node, line)
+    lines = []
+    for op, first in by_op.items():
+        names = list(first)
+        if len(names) == 1:
+            lines.append(f"  rewrote {first[names[0]]}")
+            continue
+        listed = ", ".join(f"'{n}'" for n in names[:shown])
+        if len(names) > shown:
+            listed += f" and {len(names) - shown} more (`edgetrain convert --debug` lists them all)"
+        change = first[names[0]].rsplit(": ", 1)[1]
+        lines.append(f"  rewrote {len(names)} {op} nodes: {listed}; e.g. '{names[0]}': {change}")
+    return lines

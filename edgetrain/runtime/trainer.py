@@ -83,7 +83,9 @@ def evaluate(
         if on_batch is not None:
             on_batch(out, y)
         if classification:
-            correct += int(np.sum(np.argmax(out, axis=1) == np.asarray(y).reshape(k, -1)[:, 0]))
+            # [k, C, 1, 1] scores give [k, 1, 1] predictions: compared one per sample, as labels [k] or [k, 1, 1]
+            predicted = np.argmax(out, axis=1).reshape(k, -1)[:, 0]
+            correct += int(np.sum(predicted == np.asarray(y).reshape(k, -1)[:, 0]))
     if n == 0:
         return float("nan"), None
     return total / n, (correct / n if classification else None)

@@ -613,12 +613,14 @@ class TrainingSession:
             y = np.asarray(y)
         except (TypeError, ValueError) as e:  # ragged lists, objects numpy cannot make an array of
             raise FeedError(f"the labels are not an array: {e}") from None
-        if np.dtype(info.dtype).kind == "i":
-            y = self._class_labels(y)
+        classes = np.dtype(info.dtype).kind == "i"
+        if classes:
+            y = self._class_labels(_as_target(y, tuple(info.shape)))
         elif y.dtype != info.dtype and y.dtype.kind in "fiub":
             y = y.astype(info.dtype)
         if tuple(y.shape) != tuple(info.shape):
-            raise FeedError(f"the target must have shape {list(info.shape)}, got {list(y.shape)}")
+            per = " (one class index per sample)" if classes and not _past_batch(info.shape) else ""
+            raise FeedError(f"the target must have shape {list(info.shape)}{per}, got {list(y.shape)}")
         feeds[io["target"]] = y
         feeds[io["lr"]] = np.asarray(self._lr, np.float32)
         feeds.update(self._values)
@@ -652,6 +654,21 @@ class TrainingSession:
         elif y.dtype.kind == "f" and y.size and not np.all(np.abs(y) < 2**62):
             raise FeedError(f"labels must be integer class indices, got {y.dtype} values beyond any int")
         return y.astype(want, copy=False)
+
+
+def _past_batch(shape) -> list:
+    """The axes of a shape past the batch, but for those of size 1."""
+    return [d for d in tuple(shape)[1:] if d != 1]
+
+
+def _as_target(y: np.ndarray, shape: tuple) -> np.ndarray:
+    """Class labels in the target's shape when they differ from it only by axes of size 1 past the batch: [N, 1, 1]
+    labels for a [N] target, or [N] labels for an artifact whose [N, C, 1, 1] output was converted to take
+    [N, 1, 1] (before the loss read it as [N, C])."""
+    same_batch = y.ndim > 0 and len(shape) > 0 and y.shape[0] == shape[0]
+    if same_batch and y.shape != shape and _past_batch(y.shape) == _past_batch(shape):
+        return y.reshape(shape)
+    return y
 
 
 def _checkpoint_fields(path: str | os.PathLike, header: dict[str, Any]) -> tuple[int, float, dict]:
