@@ -157,7 +157,8 @@ def feed_view(view, session, pipeline: InputPipeline | None = None) -> Feed:
     transform = pipeline.preprocess(adapter)
     classes = session.num_classes
     if classes is not None:
-        check_labels(view, classes)
+        target = session.artifact.program.values[session.artifact.io["target"]]
+        check_labels(view, classes, per_sample=tuple(int(d) for d in (target.shape or ())[1:]))
     return Feed(view, transform, notices, pipeline)
 
 
