@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from device import PYTHONS, run_on_device
+from interrupts import Lines
 
 import edgetrain as et
 from android_demo.app import Home
@@ -131,11 +132,11 @@ def _kill_mid_burst(home_path: Path, after_steps: int) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-c", KILLER, str(home_path)], stdout=subprocess.PIPE, text=True, cwd=ROOT
     )
-    for line in proc.stdout:
-        if line.split()[-1] == str(after_steps):
-            break
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=60)
+    try:
+        Lines(proc.stdout).wait_for(lambda line: line.split()[-1] == str(after_steps), f"step {after_steps}")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
 
 
 def test_a_kill_mid_burst_leaves_the_previous_version_and_the_next_burst_starts_from_it(tmp_path):

@@ -22,7 +22,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -32,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from interrupts import Lines, finish, python_m
 
 from android_demo.app import Home
 from android_demo.server import make_server, serve
@@ -253,26 +253,37 @@ def test_one_burst_at_a_time_with_progress(tmp_path):
 def test_serve_command_prints_the_address_and_stops_on_ctrl_c(tmp_path):
     home = new_home(tmp_path, 0)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "android_demo", "--home", home.path, "serve", "--port", "0"],
+        python_m("android_demo", "--home", home.path, "serve", "--port", "0"),
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+    stdout, stderr = Lines(proc.stdout), Lines(proc.stderr)
     try:
-        line = proc.stdout.readline()
+        line = stdout.wait_for(lambda line: line.strip(), "the server's first line", timeout=60)
         assert line.startswith("open http://127.0.0.1:") and "phone's browser" in line, line
         url = line.split()[1]
         assert call(url + "api/status")[1]["samples"] == 0
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=30)
+        finish(proc, 30, stdout, stderr)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0 and out.strip() == "stopped" and err == "", (out, err)
+    out, err = stdout.text(10), stderr.text(10)
+    assert proc.returncode == 0 and out.splitlines()[1:] == ["stopped"] and err == "", (out, err)
 
 
-def test_serve_gives_the_port_to_ready_and_stops_on_ctrl_c(tmp_path, capsys):
+@pytest.fixture
+def ctrl_c():
+    """Python's Ctrl-C handler in this process during the test: pytest run under nohup or as a background job ignores
+    SIGINT, and _thread.interrupt_main() then does nothing, so serve() would never return."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_serve_gives_the_port_to_ready_and_stops_on_ctrl_c(tmp_path, capsys, ctrl_c):
     home = new_home(tmp_path, 1)
     seen = {}
 

@@ -103,7 +103,10 @@ def printed(name: str, text: str) -> float:
 
 def history(log: Path) -> list[dict]:
     """The --log records without their timings."""
-    return [{k: v for k, v in json.loads(s).items() if k != "seconds"} for s in log.read_text().splitlines()]
+    return [
+        {k: v for k, v in json.loads(s).items() if not k.endswith("seconds")}
+        for s in log.read_text().splitlines()
+    ]
 
 
 def one_error_line(proc: subprocess.CompletedProcess) -> str:
@@ -426,7 +429,7 @@ def test_killed_cosine_run_resumes_with_its_settings(camera):
         time.sleep(0.005)
     time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    proc.wait(timeout=60)
     killed_at = read_container(camera / "run.etck", kind="checkpoint")[0]["step"]
     total = epochs * 4  # 36 training images: 4 batches of 8 per epoch
     assert 0 < killed_at < total and killed_at % 7 == 0, killed_at

@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from interrupts import Lines, finish, python_m
 from models import lenet
 
 import edgetrain as et
@@ -220,16 +221,18 @@ def test_ctrl_c_and_a_failing_run_stop_every_process(fresh, tmp_path):
 
     out = tmp_path / "interrupted"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "edgetrain.cli", "federate", str(fresh), "--data", str(DIGITS), "--clients", "2",
-         "--rounds", "50", "--out", str(out)],
+        python_m("edgetrain.cli", "federate", fresh, "--data", DIGITS, "--clients", 2, "--rounds", 50, "--out", out),
         stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT,
     )  # fmt: skip
-    for line in proc.stderr:
-        if line.startswith("round 1/50"):
-            break
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130 and "interrupted" in err
+    stdout, stderr = Lines(proc.stdout), Lines(proc.stderr)
+    try:
+        stderr.wait_for(lambda line: line.startswith("round 1/50"), "round 1 ended", timeout=300)
+        proc.send_signal(signal.SIGINT)
+        finish(proc, 120, stdout, stderr)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130 and "interrupted" in stderr.text(10)
     time.sleep(1)
     assert not live_flower_processes(out / "flower")
 

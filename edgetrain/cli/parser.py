@@ -234,7 +234,9 @@ def _add_train(sub, common: argparse.ArgumentParser) -> None:
     t = sub.add_parser("train", parents=[common], help="train an artifact on data, with checkpoints")
     t.add_argument("artifact", help="a training artifact (.etrain) from `edgetrain convert`")
     t.add_argument(
-        "--data", required=True, help="training data: an MNIST directory or idx pair, .npz or .csv"
+        "--data",
+        help="training data: an MNIST directory or idx pair, .npz or .csv (required, but with --resume: the "
+        "checkpoint knows it)",
     )
     t.add_argument("--val-data", help="validation data (an MNIST directory gives its test split)")
     t.add_argument(
@@ -249,7 +251,8 @@ def _add_train(sub, common: argparse.ArgumentParser) -> None:
     t.add_argument(
         "--resume",
         action="store_true",
-        help="continue the run saved in the checkpoint, exactly, with its own settings (they need not be repeated)",
+        help="continue the run saved in the checkpoint, exactly, with its own data, settings and --log (they need "
+        "not be repeated); Ctrl-C or SIGTERM saves a run's current step for this",
     )
     t.add_argument(
         "--init-from",
@@ -264,6 +267,11 @@ def _add_train(sub, common: argparse.ArgumentParser) -> None:
         help="stop after this many epochs without improvement of validation accuracy (loss for regression)",
     )
     t.add_argument("--log", help="write the history (one JSON line per epoch) to this file")
+    t.add_argument(
+        "--plot",
+        metavar="PNG",
+        help="draw the loss (and a classifier's validation accuracy) per epoch into this PNG (needs matplotlib)",
+    )
     t.add_argument("--seed", type=int, help="shuffling and --val-split seed (default 0)")
     t.add_argument("--no-shuffle", action="store_true", default=None, help="keep the data's order")
     t.add_argument(

@@ -211,13 +211,90 @@ def _describe_checkpoint(path: Any, header: dict, tensors: dict, size: int) -> s
         f"checkpoint {path}  ({_mb(size).strip()})",
         f"model      {header.get('artifact', '?')} (program {str(header.get('program_id', '?'))[:16]})",
         f"step       {header.get('step')}   lr {header.get('lr')}",
-        f"user state {header.get('user_state', {})}",
+        *_user_state_lines(header.get("user_state", {})),
         "",
         f"tensors: {len(tensors)}",
     ]
     for k, v in tensors.items():
         lines.append(f"  {k:48s} {str(list(v.shape)):18s} {_mb(v.nbytes)}")
     return "\n".join(lines)
+
+
+def _user_state_lines(state: Any) -> list[str]:
+    """A Trainer's run in a few lines and its history as a short table (`inspect --json` has all of it); another
+    user_state as one shortened line."""
+    run = state.get("best_of", state) if isinstance(state, dict) else state  # a best checkpoint: the run then
+    if not isinstance(run, dict) or run.get("trainer") != 1:
+        text = str(state)
+        return [f"user state {text if len(text) <= 200 else text[:200] + ' ...'}"]
+    settings, options = run.get("settings") or {}, run.get("run_options") or {}
+    epoch, loader = run.get("epoch", 0), run.get("loader") or {}
+    where = f"{epoch} of {settings.get('epochs', options.get('epochs', '?'))} epochs done"
+    position = loader.get("position") if isinstance(loader, dict) else None
+    if _is_int(position) and position > 0 and _is_int(epoch):
+        where += f", and {position:,} of the {_cell(loader.get('size'), 'd')} samples of epoch {epoch + 1}"
+    what = "the best weights of a run, as of its epoch" if "best_of" in state else "a training run"
+    lines = [f"run        {what}: {where}"]
+    if options:
+        shown = ", ".join(f"{k} {v}" for k, v in options.items() if v is not None and v is not False)
+        lines.append(f"options    {shown}")
+    if run.get("best") is not None:
+        lines.append(
+            f"best       {run.get('metric')} {_cell(run['best'], '.6g')} at epoch {run.get('best_epoch')}"
+        )
+    history = run.get("history")
+    return lines + history_table(history if isinstance(history, list) else [])
+
+
+def history_table(history: list[dict[str, Any]], *, last: int = 10) -> list[str]:
+    """The last `last` records of a Trainer's history as table rows (epoch, step, losses, accuracy, lr, seconds),
+    after a line that counts the earlier ones."""
+    if not history:
+        return ["history    none yet (no epoch has ended)"]
+    records = [r for r in history[-last:] if isinstance(r, dict)]
+    columns = [c for c in _COLUMNS if any(r.get(c[0]) is not None for r in records)]
+    keys = {key for key, _, _ in columns}
+    if "train_seconds" in keys:  # split times: their sum is no news; no validation, no validation time
+        columns = [c for c in columns if c[0] != "seconds" and (c[0] != "val_seconds" or "val_loss" in keys)]
+    head = f"history    {len(history)} epoch(s)" + (
+        f"; the last {len(records)} (... {len(history) - len(records)} earlier epochs)"
+        if len(history) > len(records)
+        else ""
+    )
+    rows = [[title for _, title, _ in columns]]
+    rows += [[_cell(r.get(key), fmt) for key, _, fmt in columns] for r in records]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
+    return [head] + ["  " + "  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows]
+
+
+# (history key, column title, format): the columns of history_table, in order
+_COLUMNS = [
+    ("epoch", "epoch", "d"),
+    ("step", "step", "d"),
+    ("train_loss", "train loss", ".4f"),
+    ("val_loss", "val loss", ".4f"),
+    ("val_accuracy", "val accuracy", "%"),
+    ("lr", "lr", ".3g"),
+    ("seconds", "seconds", ".2f"),
+    ("train_seconds", "train s", ".2f"),
+    ("val_seconds", "val s", ".2f"),
+]
+
+
+def _cell(value: Any, fmt: str) -> str:
+    """A number as the table shows it; anything else (a checkpoint is outside input) as it is, shortened."""
+    if value is None:
+        return "-"
+    try:
+        if fmt == "%":
+            return f"{100 * float(value):.1f}%"
+        return format(value, ",d" if fmt == "d" else fmt)
+    except (TypeError, ValueError):
+        return str(value)[:16]
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _config(cfg: dict) -> str:

@@ -51,6 +51,7 @@ class TrainProgress:
         self.epoch_lines, self.width, self.interval = epoch_lines, width, 1.0 / refresh
         self.start_step = int(done_steps)
         self.t0 = time.perf_counter()
+        self._paused = 0.0  # seconds of validation since t0: not training, so not in the samples/s
         self._last_draw = 0.0
         self._line = ""
         self.last: dict[str, Any] = {}
@@ -62,7 +63,8 @@ class TrainProgress:
         filled = int(round(frac * self.width))
         elapsed = time.perf_counter() - self.t0
         done_here = step - self.start_step
-        rate = done_here * self.batch / elapsed if elapsed > 0 and done_here > 0 else 0.0
+        training = elapsed - self._paused
+        rate = done_here * self.batch / training if training > 0 and done_here > 0 else 0.0
         eta = (self.total - step) * elapsed / done_here if done_here > 0 else None
         parts = [
             f"{self.label}  " if self.label else "",
@@ -102,6 +104,7 @@ class TrainProgress:
                 self._last_draw = now
                 self._draw(self._bar(info))
         elif event == "epoch":
+            self._paused += info.get("val_seconds") or 0.0
             if self.epoch_lines:
                 self._print(epoch_line(info, label=self.label))
             elif self.tty and self.last:
@@ -123,7 +126,8 @@ class TrainProgress:
 
 
 def epoch_line(info: dict[str, Any], *, label: str = "") -> str:
-    """epoch  3/20  train loss 0.4123  val loss 0.5012  val accuracy 81.2%  lr 0.0095  1.2 s"""
+    """epoch   3  train loss 0.4123  val loss 0.5012  val accuracy 81.2%  lr 0.0095  train 1.2 s, validation 0.3 s
+    (a record without the split times, "seconds" alone: ... lr 0.0095  1.5 s)"""
     parts = [f"{label}  " if label else "", f"epoch {info['epoch']:>3}"]
     if info.get("train_loss") is not None:
         parts.append(f"  train loss {info['train_loss']:.4f}")
@@ -131,10 +135,19 @@ def epoch_line(info: dict[str, Any], *, label: str = "") -> str:
         parts.append(f"  val loss {info['val_loss']:.4f}")
     if info.get("val_accuracy") is not None:
         parts.append(f"  val accuracy {percent(info['val_accuracy'])}")
-    parts.append(f"  lr {info['lr']:.3g}  {duration(info['seconds'])}")
+    parts.append(f"  lr {info['lr']:.3g}  {_epoch_time(info)}")
     if info.get("feature_cache_hits"):
         parts.append(f"  ({info['feature_cache_hits']:,} samples' frozen features from the cache)")
     return "".join(parts)
+
+
+def _epoch_time(info: dict[str, Any]) -> str:
+    """Training and validation time of an epoch record, apart: validation can take far longer than the steps."""
+    if info.get("train_seconds") is None:
+        return duration(info["seconds"])
+    if info.get("val_loss") is None:
+        return f"train {duration(info['train_seconds'])}"
+    return f"train {duration(info['train_seconds'])}, validation {duration(info['val_seconds'])}"
 
 
 def mb(n: float) -> str:

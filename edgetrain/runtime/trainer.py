@@ -1,5 +1,6 @@
 """Trainer: epochs of a TrainingSession over a DataLoader, with learning-rate schedules, validation, JSON-lines
-history, crash-safe checkpoints with exact resume, a non-finite-loss guard and early stopping.
+history, crash-safe checkpoints with exact resume, a non-finite-loss guard, early stopping, and a stop on request
+(request_stop: an app leaving, a signal the command line caught) that saves the step it stopped at.
 
 Device side: numpy, loaders and edgetrain.runtime only (never onnx).
 """
@@ -10,7 +11,8 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,6 +106,9 @@ class TrainResult:
     kept: str = "last"  # the weights the session holds at the end: "last", or "best" (early stopping)
     best_epoch: int | None = None  # the epoch whose weights are best by `metric`
     best_checkpoint: str | None = None  # the file holding them, when the trainer writes checkpoints
+    interrupted: bool = False  # stopped by request_stop(); fit(resume=True) continues the run
+    train_seconds: float = 0.0  # this fit() call's time in training steps
+    val_seconds: float = 0.0  # ... and in validation
 
 
 _METRICS = {"val_loss": "min", "val_accuracy": "max"}
@@ -118,6 +123,9 @@ class Trainer:
     `history`). With `checkpoint`, the session and the trainer's position are saved atomically every
     `checkpoint_every` steps and at the end, so that `fit(resume=True)` continues exactly where it stood: the
     same batches, the same numbers, bit for bit.
+
+    `request_stop()` (from another thread, or a signal handler of the application's) makes fit() stop at the next
+    step boundary and save that step: the Trainer itself never touches the process's signals.
     """
 
     def __init__(
@@ -178,6 +186,9 @@ class Trainer:
             root, ext = os.path.splitext(self.checkpoint)
             self.best_checkpoint = f"{root}.best{ext or '.etck'}"
         self.feature_cache = self._setup_feature_cache(feature_cache, feature_cache_bytes)
+        self._stop_reason: str | None = None  # set by request_stop() (any thread), read between steps
+        self._writing = 0  # files being written now (checkpoints, history lines): see `writing`
+        self.saved_step: int | None = None  # the step the checkpoint holds, as last written or read here
         self._reset()
 
     # ---- checks ------------------------------------------------------------------------------------------------
@@ -251,7 +262,8 @@ class Trainer:
         self.bad_epochs = 0
         self.history: list[dict[str, Any]] = []
         self._loss_sum, self._loss_n = 0.0, 0  # running train loss of the current epoch
-        self._epoch_seconds = 0.0
+        self._epoch_seconds = 0.0  # training time of the current epoch (validation and checkpoints apart)
+        self._run_seconds = {"train": 0.0, "val": 0.0}  # of the current fit() call
         self._cache_hits = self.session.feature_cache_info().get("hits", 0)
 
     def _user_state(self) -> dict[str, Any]:
@@ -295,7 +307,33 @@ class Trainer:
         """Writes the session and the trainer's position to the checkpoint path (atomically)."""
         if self.checkpoint is None:
             raise ConfigError("this trainer has no checkpoint path")
-        self.session.save_checkpoint(self.checkpoint, user_state=self._user_state())
+        with self._files():
+            self.session.save_checkpoint(self.checkpoint, user_state=self._user_state())
+        self.saved_step = self.step
+
+    def request_stop(self, reason: str = "stop requested") -> None:
+        """Asks fit() to stop at the next step boundary, e.g. when the user leaves the app or presses Ctrl-C.
+
+        fit() finishes the step it is in (or the epoch's validation), writes a checkpoint of that step when the
+        trainer has a checkpoint path, and returns a TrainResult with interrupted=True whose stop_reason starts
+        with `reason`; fit(resume=True), or fit() on this same trainer, continues the run exactly. Safe to call
+        from another thread or a signal handler: it only sets a flag. A request made before fit() starts stops
+        it at once."""
+        self._stop_reason = str(reason)
+
+    @property
+    def writing(self) -> bool:
+        """Whether a checkpoint or history line is being written at this instant (a signal handler that would
+        end the process should let it finish: the files stay whole either way, but the step is kept)."""
+        return self._writing > 0
+
+    @contextmanager
+    def _files(self) -> Iterator[None]:
+        self._writing += 1
+        try:
+            yield
+        finally:
+            self._writing -= 1
 
     def resume(self) -> None:
         """Loads the checkpoint: session parameters and optimizer state, loader positions and counters."""
@@ -340,6 +378,7 @@ class Trainer:
         )
         self.base_lr = _field(state, "base_lr", float, where)
         self._epoch_seconds = 0.0
+        self.saved_step = self.step
 
     def _check_settings(self, recorded: Mapping[str, Any] | None) -> None:
         """Refuses to continue a run with other data or other settings than those it was started with (epochs
@@ -402,13 +441,31 @@ class Trainer:
             return
         lines = [record] if record is not None else self.history if mode == "w" else []
         try:
-            with open(self.history_path, mode, encoding="utf-8") as f:
+            with self._files(), open(self.history_path, mode, encoding="utf-8") as f:
                 f.writelines(json.dumps(r, allow_nan=True) + "\n" for r in lines)
                 f.flush()
         except OSError as e:  # a full disk, a missing or read-only folder: say which file
             raise StorageError.of(e, self.history_path, "cannot write the training history") from e
 
-    def _result(self, stopped_early: bool, reason: str) -> TrainResult:
+    def _continue_history(self) -> None:
+        """On resume, the history file goes on from the epochs the checkpoint covers: lines past them (the run
+        logged an epoch after its last checkpoint, then died) are cut off, so that the file ends up as an
+        uninterrupted run's. A file that does not begin with the checkpoint's records (another file, or none) is
+        written anew from them."""
+        if self.history_path is None:
+            return
+        try:
+            with self._files(), open(self.history_path, "r+b") as f:
+                if all(_same_record(f.readline(), r) for r in self.history):
+                    f.truncate(f.tell())
+                    return
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise StorageError.of(e, self.history_path, "cannot continue the training history") from e
+        self._write_history(mode="w")
+
+    def _result(self, stopped_early: bool, reason: str, *, interrupted: bool = False) -> TrainResult:
         return TrainResult(
             epochs=self.epoch,
             steps=self.step,
@@ -420,92 +477,139 @@ class Trainer:
             kept=self._kept,
             best_epoch=self.best_epoch,
             best_checkpoint=self.best_checkpoint if self.keep_best and self.best_epoch is not None else None,
+            interrupted=interrupted,
+            train_seconds=self._run_seconds["train"],
+            val_seconds=self._run_seconds["val"],
         )
 
     def fit(self, resume: bool = False) -> TrainResult:
-        """Trains until `epochs` epochs are done, early stopping triggers or a loss is not finite."""
+        """Trains until `epochs` epochs are done, early stopping triggers, a loss is not finite or request_stop()
+        is called."""
+        self._run_seconds = {"train": 0.0, "val": 0.0}
         if resume:
             self.resume()
-            self._write_history(mode="w")  # records written after the checkpoint are redone: drop them
+            self._continue_history()  # records written after the checkpoint are redone: drop them
         elif self.step == 0 and self.epoch == 0:
             self._write_history(mode="w")  # a fresh run starts a fresh history
-        session, loader = self.session, self.train_loader
-        batches = len(loader)
-        self._emit({"event": "feature_cache", **session.feature_cache_info()})
+        self._emit({"event": "feature_cache", **self.session.feature_cache_info()})
         while self.epoch < self.epochs:
-            t0 = time.perf_counter()
-            epoch_of_loader = loader.epoch
-            defer_checkpoint = False
-            for x, y in loader:
-                lr = self.schedule.lr_at(self.step, self.base_lr)
-                session.lr = lr
-                try:
-                    loss = session.train_step(x, y)
-                except NonFiniteError as e:  # the session committed nothing of the step
-                    what = (
-                        f"loss {e.loss}"
-                        if not math.isfinite(e.loss)
-                        else f"update of '{e.values[0]}' (or one so large the next step would overflow)"
-                    )
-                    reason = (
-                        f"non-finite {what} at step {self.step + 1} (epoch {self.epoch + 1}, lr {lr:g}); nothing "
-                        f"of that step was committed: parameters and optimizer state are those of step "
-                        f"{self.step}, and no checkpoint was written after it"
-                    )
-                    self._emit({"event": "stop", "reason": reason})
-                    return self._result(True, reason)
-                self.step += 1
-                self._loss_sum += loss * len(x)
-                self._loss_n += len(x)
-                if self.checkpoint_every is not None and self.step % self.checkpoint_every == 0:
-                    if loader.epoch != epoch_of_loader:
-                        defer_checkpoint = True  # the epoch's last batch: save after the epoch's bookkeeping
-                    else:
-                        self._epoch_seconds += time.perf_counter() - t0
-                        t0 = time.perf_counter()
-                        self.save_checkpoint()
-                self._emit(
-                    {
-                        "event": "step",
-                        "epoch": self.epoch + 1,
-                        "epochs": self.epochs,
-                        "batch": loader.state()["position"] // loader.batch_size
-                        if loader.epoch == epoch_of_loader
-                        else batches,
-                        "batches": batches,
-                        "step": self.step,
-                        "loss": loss,
-                        "lr": lr,
-                    }
-                )
-            record = self._end_epoch(lr=session.lr, seconds=self._epoch_seconds + time.perf_counter() - t0)
-            if record is None:
-                reason = f"non-finite validation loss after epoch {self.epoch + 1}; no checkpoint written"
-                self._emit({"event": "stop", "reason": reason})
-                return self._result(True, reason)
-            stop = None
-            if self.early_stopping is not None and self.bad_epochs >= self.early_stopping["patience"]:
-                stop = (
-                    f"early stopping: {self.metric} did not improve by more than "
-                    f"{self.early_stopping['min_delta']:g} for {self.bad_epochs} epochs (best {self.best:.6g})"
-                )
-            if defer_checkpoint and self.epoch < self.epochs and stop is None:
-                self.save_checkpoint()
-            self._emit({"event": "epoch", **record})
-            if stop is not None:
-                if self.checkpoint is not None:
-                    self.save_checkpoint()
-                stop += self._restore_best()
-                self._emit({"event": "stop", "reason": stop})
-                return self._result(True, stop)
+            result = self._stopped() if self._stop_reason is not None else self._train_epoch()
+            if result is not None:
+                return result
         if self.checkpoint is not None:
             self.save_checkpoint()
         return self._result(False, f"completed {self.epochs} epochs" + self._restore_best())
 
+    def _train_epoch(self) -> TrainResult | None:
+        """Trains the rest of the current epoch and ends it; the TrainResult when the run stops in it, else None."""
+        session, loader = self.session, self.train_loader
+        epoch_of_loader = loader.epoch
+        t0 = time.perf_counter()
+        defer_checkpoint = False
+        for x, y in loader:
+            lr = self.schedule.lr_at(self.step, self.base_lr)
+            session.lr = lr
+            try:
+                loss = session.train_step(x, y)
+            except NonFiniteError as e:  # the session committed nothing of the step
+                return self._non_finite(e, lr)
+            self.step += 1
+            self._loss_sum += loss * len(x)
+            self._loss_n += len(x)
+            last = loader.epoch != epoch_of_loader  # the epoch's last batch: its bookkeeping comes first
+            if self.checkpoint_every is not None and self.step % self.checkpoint_every == 0:
+                if last:
+                    defer_checkpoint = True
+                else:
+                    t0 = self._lap(t0)
+                    self.save_checkpoint()
+                    t0 = time.perf_counter()
+            self._emit(
+                {
+                    "event": "step",
+                    "epoch": self.epoch + 1,
+                    "epochs": self.epochs,
+                    "batch": loader.state()["position"] // loader.batch_size if not last else len(loader),
+                    "batches": len(loader),
+                    "step": self.step,
+                    "loss": loss,
+                    "lr": lr,
+                }
+            )
+            if self._stop_reason is not None and not last:  # (at an epoch's end: after its bookkeeping)
+                self._lap(t0)
+                return self._stopped()
+        self._lap(t0)
+        return self._finish_epoch(defer_checkpoint)
+
+    def _lap(self, t0: float) -> float:
+        """Adds the training time since t0 to the epoch's and the run's; returns now."""
+        now = time.perf_counter()
+        self._epoch_seconds += now - t0
+        self._run_seconds["train"] += now - t0
+        return now
+
+    def _non_finite(self, e: NonFiniteError, lr: float) -> TrainResult:
+        what = (
+            f"loss {e.loss}"
+            if not math.isfinite(e.loss)
+            else f"update of '{e.values[0]}' (or one so large the next step would overflow)"
+        )
+        reason = (
+            f"non-finite {what} at step {self.step + 1} (epoch {self.epoch + 1}, lr {lr:g}); nothing "
+            f"of that step was committed: parameters and optimizer state are those of step "
+            f"{self.step}, and no checkpoint was written after it"
+        )
+        self._emit({"event": "stop", "reason": reason})
+        return self._result(True, reason)
+
+    def _stopped(self) -> TrainResult:
+        """Ends fit() where request_stop() asked it to: the checkpoint holds this step, mid-epoch or not."""
+        reason, self._stop_reason = self._stop_reason, None
+        if self.checkpoint is not None and self.saved_step != self.step:  # (not saved this very step already)
+            self.save_checkpoint()
+        position = self.train_loader.state()["position"]
+        if position == 0:
+            where = f"after epoch {self.epoch} of {self.epochs}"
+        else:
+            batches = f"{position // self.train_loader.batch_size} of {len(self.train_loader)} batches"
+            where = f"in epoch {self.epoch + 1} of {self.epochs}, {batches} done"
+        text = f"{reason} at step {self.step} ({where})"
+        if self.checkpoint is not None:
+            text += f"; checkpoint {self.checkpoint} holds it"
+        self._emit({"event": "stop", "reason": text})
+        return self._result(True, text, interrupted=True)
+
+    def _finish_epoch(self, defer_checkpoint: bool) -> TrainResult | None:
+        """Validation, the history record, early stopping and the epoch's checkpoint; the TrainResult when the run
+        stops here, else None."""
+        record = self._end_epoch(lr=self.session.lr)
+        if record is None:
+            reason = f"non-finite validation loss after epoch {self.epoch + 1}; no checkpoint written"
+            self._emit({"event": "stop", "reason": reason})
+            return self._result(True, reason)
+        stop = None
+        if self.early_stopping is not None and self.bad_epochs >= self.early_stopping["patience"]:
+            stop = (
+                f"early stopping: {self.metric} did not improve by more than "
+                f"{self.early_stopping['min_delta']:g} for {self.bad_epochs} epochs (best {self.best:.6g})"
+            )
+        if defer_checkpoint and self.epoch < self.epochs and stop is None and self._stop_reason is None:
+            self.save_checkpoint()  # (a requested stop saves this step by itself)
+        self._emit({"event": "epoch", **record})
+        if stop is None:
+            return None
+        if self.checkpoint is not None:
+            self.save_checkpoint()
+        stop += self._restore_best()
+        self._emit({"event": "stop", "reason": stop})
+        return self._result(True, stop)
+
     def _save_best(self) -> None:
         """Keeps the weights of the epoch just ended as the best: in the best checkpoint, or in memory."""
         if self.best_checkpoint is not None:
-            self.session.save_checkpoint(self.best_checkpoint, user_state={"best_of": self._user_state()})
+            with self._files():
+                self.session.save_checkpoint(self.best_checkpoint, user_state={"best_of": self._user_state()})
         else:
             self._best_snapshot = self.session.snapshot()
 
@@ -530,11 +634,15 @@ class Trainer:
             + (f" (those are in {self.checkpoint})" if self.checkpoint else "")
         )
 
-    def _end_epoch(self, *, lr: float, seconds: float) -> dict[str, Any] | None:
+    def _end_epoch(self, *, lr: float) -> dict[str, Any] | None:
         train_loss = self._loss_sum / self._loss_n if self._loss_n else None
         val_loss = val_acc = None
+        val_seconds = 0.0
         if self.val_loader is not None:
+            t0 = time.perf_counter()
             val_loss, val_acc = self.evaluate()
+            val_seconds = time.perf_counter() - t0
+            self._run_seconds["val"] += val_seconds
             if not math.isfinite(val_loss):
                 return None
         self.epoch += 1
@@ -545,7 +653,9 @@ class Trainer:
             "val_loss": val_loss,
             "val_accuracy": val_acc,
             "lr": lr,
-            "seconds": round(seconds, 6),
+            "seconds": round(self._epoch_seconds + val_seconds, 6),  # the epoch's: training and validation
+            "train_seconds": round(self._epoch_seconds, 6),
+            "val_seconds": round(val_seconds, 6),
         }
         cache = self.session.feature_cache_info()
         if cache["enabled"]:  # samples of the epoch whose frozen part came from the cache
@@ -563,6 +673,14 @@ class Trainer:
         self._write_history(record)
         self._loss_sum, self._loss_n, self._epoch_seconds = 0.0, 0, 0.0
         return record
+
+
+def _same_record(line: bytes, record: dict[str, Any]) -> bool:
+    """Whether a line of a history file holds `record` (the checkpoint stores its records with sorted keys)."""
+    try:
+        return json.loads(line) == record
+    except ValueError:  # a line cut short when the run was killed, or not JSON at all
+        return False
 
 
 _MISSING = object()
