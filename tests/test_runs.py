@@ -355,6 +355,8 @@ def test_request_stop_from_another_thread_saves_and_resume_is_exact(lenet, tmp_p
     res = early.fit()
     assert res.interrupted and res.steps == 0 and res.stop_reason.startswith("stop requested at step 0")
     assert read_container(tmp_path / "early.etck", kind="checkpoint")[0]["step"] == 0
+    res = early.fit()  # the request was that fit()'s: this one runs the epoch
+    assert not res.interrupted and res.steps == 5
 
 
 # ---- times, plot, inspect -----------------------------------------------------------------------------------------

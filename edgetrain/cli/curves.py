@@ -19,6 +19,7 @@ def plot_history(path: str, history: list[dict[str, Any]], *, title: str) -> boo
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt  # optional, as above
+        from matplotlib.ticker import MaxNLocator  # optional, as above
     except ImportError:
         return False
     epochs = [r["epoch"] for r in history]
@@ -47,6 +48,7 @@ def plot_history(path: str, history: list[dict[str, Any]], *, title: str) -> boo
         acc_ax.legend(loc="lower right")
     for ax in axes[0]:
         ax.grid(alpha=0.3)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole numbers
     fig.suptitle(title)
     fig.tight_layout()
     tmp = path + ".tmp.png"

@@ -485,6 +485,12 @@ class Trainer:
     def fit(self, resume: bool = False) -> TrainResult:
         """Trains until `epochs` epochs are done, early stopping triggers, a loss is not finite or request_stop()
         is called."""
+        try:
+            return self._fit(resume)
+        finally:
+            self._stop_reason = None  # a request is for this fit(): the one it stopped, or that ended anyway
+
+    def _fit(self, resume: bool) -> TrainResult:
         self._run_seconds = {"train": 0.0, "val": 0.0}
         if resume:
             self.resume()
@@ -565,7 +571,7 @@ class Trainer:
 
     def _stopped(self) -> TrainResult:
         """Ends fit() where request_stop() asked it to: the checkpoint holds this step, mid-epoch or not."""
-        reason, self._stop_reason = self._stop_reason, None
+        reason = self._stop_reason
         if self.checkpoint is not None and self.saved_step != self.step:  # (not saved this very step already)
             self.save_checkpoint()
         position = self.train_loader.state()["position"]
