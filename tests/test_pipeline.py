@@ -180,6 +180,9 @@ def test_eval_applies_the_scale_the_checkpoint_recorded(lenet, tmp_path):
     ok(cli("train", plain, "--data", tmp_path / "u8.npz", "--scale", "--checkpoint", ck, "--epochs", 1))
     header, _ = read_container(ck, kind="checkpoint")
     assert header["preprocessing"]["scale"] == pytest.approx(1 / 255)
+    assert "input      pipeline uint8 0..255, x / 255" in ok(cli("inspect", ck)).stdout
+    assert json.loads(ok(cli("inspect", ck, "--json")).stdout)["preprocessing"] == header["preprocessing"]
+    assert "no input pipeline declared" in ok(cli("inspect", plain)).stdout
     digits_npz(tmp_path / "t.npz", scaled=False, split="test")
     given = accuracy(ok(cli("eval", plain, "--data", tmp_path / "t.npz", "--checkpoint", ck, "--scale")))
     recorded = ok(cli("eval", plain, "--data", tmp_path / "t.npz", "--checkpoint", ck))

@@ -116,6 +116,7 @@ def summary(path: str | os.PathLike) -> dict[str, Any]:
             "step": header.get("step"),
             "lr": header.get("lr"),
             "user_state": header.get("user_state", {}),
+            "preprocessing": header.get("preprocessing"),
             "tensors": {k: list(v.shape) for k, v in tensors.items()},
         }
     io, plan = header["io"], header.get("plan", {})
@@ -129,6 +130,7 @@ def summary(path: str | os.PathLike) -> dict[str, Any]:
         "parameters": {k: list(tensors[k].shape) for k in io["parameters"]},
         "plan": {k: plan.get(k) for k in ("arena_size", "lower_bound", "no_plan")},
         "memory": step_memory(header, tensors),
+        "preprocessing": header.get("preprocessing"),
         "provenance": header.get("provenance", {}),
     }
 
@@ -161,6 +163,7 @@ def _describe_artifact(path: Any, header: dict, tensors: dict, size: int) -> str
         f"model      {header['base'].get('name', '?')}: inputs {', '.join(io['data_inputs'])}; "
         f"outputs {', '.join(io['outputs'])}",
         f"training   loss {header['loss'].get('type')}, optimizer {_config(header['optimizer'])}",
+        f"input      {_pipeline(header.get('preprocessing'))}",
         f"program    {len(nodes)} nodes (inference graph: {len(base_nodes)})",
         "",
     ]
@@ -206,11 +209,27 @@ def _describe_artifact(path: Any, header: dict, tensors: dict, size: int) -> str
     return "\n".join(lines)
 
 
+def _pipeline(spec: Any) -> str:
+    """The input pipeline a header records, in words."""
+    if spec is None:
+        return "no input pipeline declared: data is fed as each reader gives it"
+    from loaders import (
+        ConfigError,
+        InputPipeline,
+    )  # start-up: only inspect of a file that records one loads it
+
+    try:
+        return "pipeline " + InputPipeline.from_json(spec).describe()
+    except ConfigError as e:
+        return f"an input pipeline this edgetrain cannot read ({e})"
+
+
 def _describe_checkpoint(path: Any, header: dict, tensors: dict, size: int) -> str:
     lines = [
         f"checkpoint {path}  ({_mb(size).strip()})",
         f"model      {header.get('artifact', '?')} (program {str(header.get('program_id', '?'))[:16]})",
         f"step       {header.get('step')}   lr {header.get('lr')}",
+        *([f"input      {_pipeline(header['preprocessing'])}"] if header.get("preprocessing") else []),
         *_user_state_lines(header.get("user_state", {})),
         "",
         f"tensors: {len(tensors)}",
