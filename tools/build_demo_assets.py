@@ -6,12 +6,16 @@
                               heavier strokes): train-* (a few dozen samples to personalize on), t10k-* (held out)
     edgetrain/data/digits_lenet.onnx
                               a LeNet-style base model trained from scratch on digits/train by edgetrain itself
+    edgetrain/data/digits_lenet_fresh.onnx
+                              the same LeNet untrained (its initial weights, seeded): what the README's federated
+                              example starts from (`--only fresh`; no training, the same bytes on every machine)
     edgetrain/data/digits_lstm.onnx, digits_gru.onnx
                               sequence models of the same digits, read row by row (28 steps of 28 pixels) by an
                               ONNX LSTM or GRU node, trained from scratch the same way (`edgetrain demo --model lstm`)
 
 Needs the build side and scikit-learn:  pip install -e ".[dev]" scikit-learn;  python tools/build_demo_assets.py
-`--only lstm gru` rebuilds just those base models from the committed data files (no scikit-learn needed).
+`--only lstm gru` rebuilds just those base models from the committed data files (no scikit-learn needed);
+`--only fresh` writes the untrained LeNet alone.
 Everything is seeded: running it again rebuilds the same data files (the model's bytes may vary with numpy's BLAS).
 """
 
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import json
 import os
 import struct
 import sys
@@ -243,6 +248,21 @@ BASE_MODELS = {
 }
 
 
+def write_fresh(out_path: str, *, seed: int) -> None:
+    """The LeNet as lenet_onnx(seed) makes it, untrained, with the trained models' input pipeline (x / 255 of 8-bit
+    pixels) in its metadata_props, as edgetrain's export writes it: convert reads it from there."""
+    import onnx
+
+    from loaders import InputPipeline
+
+    model = lenet_onnx(seed)
+    model.graph.name = "digits_lenet_fresh"
+    entry = model.metadata_props.add()
+    entry.key = "edgetrain.preprocessing"
+    entry.value = json.dumps(InputPipeline.from_options(scale="1/255").to_json())
+    onnx.save(model, out_path)
+
+
 def train_base(directory: str, out_path: str, *, epochs: int, seed: int, model: str = "lenet") -> None:
     """Trains BASE_MODELS[model] from scratch with edgetrain on directory's train split (cosine schedule, SGD with
     momentum) and exports it to out_path."""
@@ -301,8 +321,9 @@ def main(argv=None) -> int:
     p.add_argument(
         "--only",
         nargs="+",
-        choices=list(BASE_MODELS),
-        help="rebuild only these base models, from the committed data files (e.g. --only lstm)",
+        choices=[*BASE_MODELS, "fresh"],
+        help="rebuild only these base models, from the committed data files (e.g. --only lstm); fresh: the "
+        "untrained LeNet",
     )
     args = p.parse_args(argv)
     sys.path.insert(0, ROOT)
@@ -313,7 +334,12 @@ def main(argv=None) -> int:
             print(f"wrote {name}: {len(y)} images, {np.bincount(y, minlength=10).tolist()} per digit")
     if args.data_only:
         return 0
-    for model in args.only or list(BASE_MODELS):
+    for model in args.only or [*BASE_MODELS, "fresh"]:
+        if model == "fresh":
+            out = os.path.join(DATA, "digits_lenet_fresh.onnx")
+            write_fresh(out, seed=SEED)
+            print(f"wrote {os.path.relpath(out, ROOT)} ({os.path.getsize(out) / 1024:.0f} KiB), untrained")
+            continue
         epochs = args.epochs or BASE_MODELS[model]["epochs"]
         print(f"training the {model} base model with edgetrain:")
         out = os.path.join(DATA, f"digits_{model}.onnx")

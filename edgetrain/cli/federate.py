@@ -42,8 +42,9 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def _clients(args: argparse.Namespace, sess, out: str) -> list[dict[str, Any]]:
-    """Splits --data among the clients; each gets a home holding its share as an .npz (in the model's input
-    form), as a device would hold its own data."""
+    """Splits --data among the clients; each gets a home holding its share as an .npz of the samples as read
+    (raw: each device applies the model's input pipeline itself, as it does to its own data; storing them
+    transformed would have them scaled twice), as a device would hold its own data."""
     feed = open_feed(args.data, "train", sess, DataOptions())
     for note in feed.notices:
         print(f"note: {note}", file=sys.stderr)
@@ -52,7 +53,7 @@ def _clients(args: argparse.Namespace, sess, out: str) -> list[dict[str, Any]]:
     for k, idx in enumerate(parts):
         home = os.path.join(out, "clients", f"client-{k}")
         os.makedirs(home, exist_ok=True)
-        x, y = feed.transform(*feed.view.get_batch(idx))
+        x, y = feed.view.get_batch(idx)
         data = os.path.join(home, "data.npz")
         np.savez(data, x=x, y=y)
         nodes.append(
@@ -86,7 +87,7 @@ def run_federate(args: argparse.Namespace) -> int:
     sizes = ", ".join(str(len(_samples(n["data"]))) for n in nodes)
     print(
         f"federating {args.artifact}: {args.clients} clients ({args.partition}; {sizes} samples), "
-        f"{args.rounds} rounds on a Flower deployment on 127.0.0.1 (logs in {out}/flower)",
+        f"{args.rounds} rounds on a Flower deployment on 127.0.0.1 (logs in {_shown(os.path.join(out, 'flower'))})",
         file=sys.stderr,
     )
     t0 = time.perf_counter()
@@ -133,9 +134,17 @@ class _Progress:
         self.seen = len(lines)
 
 
+# Clients: one color and one marker each (up to this many; more share one grey label), drawn above the global line
+# and a little apart along x, so that clients with the same accuracy in a round stay visible side by side.
+CLIENT_MARKERS = "os^vDP<>Xd"  # with matplotlib's ten colors C0..C9
+
+
 def _plot(summary: dict, out: str) -> str | None:
-    rounds = [r for r in summary["rounds"] if r.get("val_accuracy") is not None]
-    if not rounds or summary.get("initial_val_accuracy") is None:
+    """accuracy.png: the global model on the server's validation data and each client's own held-out data, round
+    by round (round 0: before any training); None without matplotlib or anything to draw."""
+    glob = _global_series(summary)
+    clients = _client_series(summary)
+    if not glob and not any(clients.values()):
         return None
     try:
         import matplotlib  # optional: the plot is left out without matplotlib
@@ -144,34 +153,82 @@ def _plot(summary: dict, out: str) -> str | None:
         import matplotlib.pyplot as plt  # optional, as above
     except ImportError:
         return None
-    xs = [0] + [r["round"] for r in rounds]
-    ys = [100 * summary["initial_val_accuracy"]] + [100 * r["val_accuracy"] for r in rounds]
-    fig, ax = plt.subplots(figsize=(5, 3.2), dpi=120)
-    label = "global model, server's validation data"
-    if summary.get("personal"):  # the server holds no personal layers: its model has the initial ones
-        label = "global model (with the initial personal layers), server's validation data"
-    ax.plot(xs, ys, marker="o", label=label)
-    for c in summary["clients"]:
-        per = [r.get("val-accuracy-after") for r in c.get("rounds", [])]
-        if per and all(v is not None and v >= 0 for v in per):
-            ax.plot(
-                range(1, len(per) + 1),
-                [100 * v for v in per],
-                alpha=0.5,
-                lw=1,
-                label=f"client {c['id']}, own",
-            )
-    ax.set_xlabel("round")
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=120)
+    if glob:
+        label = "global model, server's validation data"
+        if summary.get("personal"):  # the server holds no personal layers: its model has the initial ones
+            label = "global model (initial personal layers), server's validation data"
+        xs, ys = zip(*glob)
+        # a wide grey band under the clients: where they coincide with it, it shows around them
+        ax.plot(xs, ys, color="0.3", lw=6, alpha=0.3, marker="s", ms=10, zorder=2, label=label)
+    _draw_clients(ax, clients)
+    rounds = sorted({x for x, _ in glob} | {x for s in clients.values() for x, _ in s})
+    ax.set_xticks(rounds)
+    ax.set_xlim(min(rounds) - 0.4, max(rounds) + 0.4)
+    ax.set_ylim(0, 104)
+    ax.set_yticks(range(0, 101, 20))
+    ax.set_xlabel("round (0: before any training)")
     ax.set_ylabel("accuracy (%)")
-    ax.set_xticks(xs)
-    ax.set_ylim(0, 100)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title("federated training: accuracy by round", fontsize=10)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
     fig.tight_layout()
     path = os.path.join(out, "accuracy.png")
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def _global_series(summary: dict) -> list[tuple[int, float]]:
+    if summary.get("initial_val_accuracy") is None:
+        return []
+    rounds = [r for r in summary["rounds"] if r.get("val_accuracy") is not None]
+    return [(0, 100 * summary["initial_val_accuracy"])] + [
+        (r["round"], 100 * r["val_accuracy"]) for r in rounds
+    ]
+
+
+def _client_series(summary: dict) -> dict[int, list[tuple[int, float]]]:
+    """Client id -> (round, its accuracy on its own held-out data): round 0 is its first round's judgement before
+    training (the initial model), round r what it holds after training in round r (rounds it missed left out)."""
+    series = {}
+    for c in summary["clients"]:
+        points = []
+        for r in sorted(c.get("rounds", []), key=lambda r: r.get("round", 0)):
+            before, after = r.get("val-accuracy-before"), r.get("val-accuracy-after")
+            if not points and before is not None and before >= 0:
+                points.append((0, 100 * before))
+            if (
+                after is not None and after >= 0
+            ):  # -1: the client could not judge (metric records hold numbers)
+                points.append((int(r["round"]), 100 * after))
+        series[c["id"]] = points
+    return series
+
+
+def _draw_clients(ax, clients: dict[int, list[tuple[int, float]]]) -> None:
+    many = len(clients) > len(CLIENT_MARKERS)
+    shift = 0.0 if many else min(0.08, 0.5 / max(len(clients), 1))
+    for k, (cid, points) in enumerate(sorted(clients.items())):
+        if not points:
+            continue
+        xs = [x + (k - (len(clients) - 1) / 2) * shift for x, _ in points]
+        ys = [y for _, y in points]
+        if many:  # a crowd: one grey label for all of them
+            ax.plot(
+                xs,
+                ys,
+                color="0.6",
+                lw=0.8,
+                alpha=0.6,
+                zorder=3,
+                label="clients, their own held-out data" if k == 0 else None,
+            )
+            continue
+        ax.plot(
+            xs, ys, color=f"C{k}", lw=1.3, marker=CLIENT_MARKERS[k], ms=5, zorder=3,
+            label=f"client {cid}, its own held-out data",
+        )  # fmt: skip
 
 
 def _print_summary(s: dict, out: str, png: str | None, seconds: float) -> None:
@@ -198,10 +255,19 @@ def _print_summary(s: dict, out: str, png: str | None, seconds: float) -> None:
     for r in s.get("refused", []):
         print(f"  refused     round {r['round']}, node {r['node']}: {r['reason']}")
     print(
-        f"  global      {s['global_checkpoint']}"
-        + (f" and {s['global_onnx']}" if s.get("global_onnx") else "")
+        f"  global      {_shown(s['global_checkpoint'])}"
+        + (f" and {_shown(s['global_onnx'])}" if s.get("global_onnx") else "")
     )
-    print(f"  summary     {os.path.join(out, 'summary.json')}" + (f"; plot {png}" if png else ""))
+    print(
+        f"  summary     {_shown(os.path.join(out, 'summary.json'))}"
+        + (f"; plot {_shown(png)}" if png else "")
+    )
+
+
+def _shown(path: str) -> str:
+    """A path as the user would type it: relative to the working folder when it lies inside it."""
+    rel = os.path.relpath(path)
+    return path if rel.startswith(os.pardir) else rel
 
 
 __all__ = ["run_federate"]
