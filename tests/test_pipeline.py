@@ -350,3 +350,25 @@ def test_a_home_without_a_pipeline_adopts_the_scale_of_its_first_file(tmp_path):
     from android_demo.app import Home
 
     assert Home(tmp_path / "b").input_range() == (0.0, 255.0)
+
+
+def test_augmentation_from_the_command_line_is_seeded_and_resumes_exactly(tmp_path):
+    """train --augment: the same run twice gives the same weights, a run resumed after its first epoch (the
+    option restored from the checkpoint) ends where the uninterrupted one does, and without it the weights differ."""
+    art = tmp_path / "a.etrain"
+    ok(cli("convert", LENET, "-o", art, "--batch-size", 32, "--trainable", "fc3.*"))
+    aug = ["--augment", "crop:2,flip,rotate:10"]
+
+    def run(name, *extra):
+        return ok(cli("train", art, "--data", DIGITS, "--checkpoint", tmp_path / name, *extra))
+
+    proc = run("a.etck", "--epochs", 2, *aug)
+    assert "feature cache off" in proc.stderr and "augment" in proc.stderr
+    run("b.etck", "--epochs", 1, *aug)
+    run("b.etck", "--epochs", 2, "--resume")
+    run("c.etck", "--epochs", 2)
+    a, b, c = (tensors(tmp_path / n) for n in ("a.etck", "b.etck", "c.etck"))
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert not np.array_equal(a["fc3.weight"], c["fc3.weight"])
+    proc = cli("train", art, "--data", DIGITS, "--augment", "zoom:2", "--checkpoint", tmp_path / "d.etck")
+    assert proc.returncode == 2 and "--augment zoom:2" in proc.stderr

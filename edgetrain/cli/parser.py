@@ -272,7 +272,13 @@ def _add_train(sub, common: argparse.ArgumentParser) -> None:
         metavar="PNG",
         help="draw the loss (and a classifier's validation accuracy) per epoch into this PNG (needs matplotlib)",
     )
-    t.add_argument("--seed", type=int, help="shuffling and --val-split seed (default 0)")
+    t.add_argument("--seed", type=int, help="shuffling, --val-split and --augment seed (default 0)")
+    t.add_argument(
+        "--augment",
+        metavar="SPEC",
+        help="random image augmentation of the training batches, e.g. crop:4,flip,rotate:10 (pad 4 and crop, "
+        "mirror half of them, rotate by up to 10 degrees); seeded, so --resume repeats it; turns the feature cache off",
+    )
     t.add_argument("--no-shuffle", action="store_true", default=None, help="keep the data's order")
     t.add_argument(
         "--feature-cache-mb",

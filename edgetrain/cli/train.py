@@ -23,7 +23,7 @@ from edgetrain.runtime.progress import TrainProgress, duration, epoch_line, perc
 from edgetrain.runtime.schedules import ConstantLR, CosineLR, StepLR, WarmupLR, schedule_from_config
 from edgetrain.runtime.threads import blas_threads
 from edgetrain.runtime.trainer import Trainer, evaluate, session_batch
-from loaders import DataLoader, fingerprint, parse_normalize, parse_scale, split
+from loaders import Augment, DataLoader, fingerprint, parse_normalize, parse_scale, split
 
 from .common import default_checkpoint, load_weights, open_session, plural
 from .curves import plot_history
@@ -72,9 +72,25 @@ def _loaders(args: argparse.Namespace, session, batch: int):
         seed=args.seed,
         drop_last=n % batch != 0,
         batch_transform=transform,
+        augment=_augment(args.augment, transform),
     )
     val = None if val_view is None else DataLoader(val_view, batch, batch_transform=vtransform)
     return train, val
+
+
+def _augment(text: str | None, transform) -> Augment | None:
+    """--augment crop:4,flip,rotate:10 -> the Augment of the training batches, on the samples as the data holds
+    them (channels last when the pipeline transposes them), drawn from the run's seed (so --resume repeats it)."""
+    if text is None:
+        return None
+    adapter = getattr(transform, "adapter", None)
+    sample, model = (adapter.sample_shape, adapter.model_shape) if adapter is not None else ((), ())
+    channels_last = len(model) == 3 and sample != model and sample == model[1:] + model[:1]
+    layout = "nhwc" if channels_last else "nchw"
+    try:
+        return Augment.parse(text, layout=layout)
+    except ValueError as e:
+        raise UsageError(f"--augment {text}: {e}") from None
 
 
 def _schedule(text: str | None, warmup: int, total_steps: int):
@@ -124,6 +140,7 @@ RECORDED = {
     "normalize": None,
     "x_key": None,
     "y_key": None,
+    "augment": None,
     "checkpoint_every": None,
 }
 # Options a checkpoint also records, which --resume takes when they are not given and which may be given anew: the
