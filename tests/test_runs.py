@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 from device import run_on_device
 from interrupts import Lines, finish, python_m
+from test_cli import cli, ok
 
 import edgetrain as et
 from edgetrain.core.container import read_container
@@ -33,23 +34,6 @@ DATA = ROOT / "edgetrain" / "data"
 DIGITS, NEWUSER = DATA / "digits", DATA / "newuser"  # 1,050 training digits (105 steps of 10), and 50
 PNG = b"\x89PNG\r\n\x1a\n"
 EPOCHS = 2
-
-
-def cli(*args, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "edgetrain.cli", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=cwd,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
-    )
-
-
-def ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "Traceback" not in proc.stderr
-    return proc
 
 
 def tensors(path) -> dict[str, np.ndarray]:
@@ -422,6 +406,7 @@ def test_inspect_shows_a_long_history_as_a_short_table(lenet, tmp_path):
     for row, record in zip(table[1:], history[40:]):  # the rows are the last ten records, in order
         assert row.split()[:4] == [str(record["epoch"]), str(record["step"]), f"{record['train_loss']:.4f}",
                                    f"{record['lr']:.3g}"]  # fmt: skip
-    summary = json.loads(ok(cli("inspect", ckpt, "--json")).stdout)  # everything, as before
-    assert set(summary) == {"path", "size_bytes", "kind", "step", "lr", "user_state", "tensors"}
+    summary = json.loads(ok(cli("inspect", ckpt, "--json")).stdout)  # everything, and the pipeline
+    keys = {"path", "size_bytes", "kind", "step", "lr", "user_state", "tensors", "preprocessing"}
+    assert set(summary) == keys
     assert summary["user_state"]["history"] == history
