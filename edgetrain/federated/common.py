@@ -45,6 +45,19 @@ RUN_DEFAULTS = {
     "min-clients": 2,
     "seed": 0,
 }
+# What a client's reply holds besides the arrays (client.py writes them; the server's door accepts these and no other)
+METRIC_KEYS = (
+    "num-examples",
+    "client",
+    "steps",
+    "train-loss",
+    "val-loss-before",
+    "val-loss-after",
+    "val-accuracy-before",
+    "val-accuracy-after",
+    "personal",
+)
+MAX_NUM_EXAMPLES = 10_000_000  # a phone's sample count above this is not a count: the door refuses it
 CHECK_KEY = "edgetrain.program_id"  # sent with every round: a client of another artifact refuses to train
 
 

@@ -16,6 +16,8 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
+
 # flwr, the federated extra, at module level: this module is Flower's ServerApp, run by Flower
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord
 from flwr.serverapp import Grid, ServerApp
@@ -29,18 +31,40 @@ from edgetrain.runtime.feeding import DataOptions, open_feed
 from edgetrain.runtime.trainer import evaluate, session_batch
 from loaders import DataLoader
 
-from .common import CHECK_KEY, RUN_DEFAULTS, from_records, patterns, personal_names, readers_of, to_records
+from .common import (
+    CHECK_KEY,
+    MAX_NUM_EXAMPLES,
+    METRIC_KEYS,
+    RUN_DEFAULTS,
+    from_records,
+    patterns,
+    personal_names,
+    readers_of,
+    to_records,
+)
 
 app = ServerApp()
 
 
 class Door(Strategy):
     """Wraps a strategy: records every reply (who sent what, how many samples, their metrics) and lets through only
-    those that carry exactly the shared parameters with their shapes."""
+    honest-looking ones: exactly the shared parameters, each of its shape and dtype, every value finite;
+    num-examples a whole number from 1 to max_examples; the metrics the client writes (METRIC_KEYS), every one a
+    finite number. Anything else is refused with its reason, recorded and left out of the round; nothing a client
+    sends can raise out of the door."""
 
-    def __init__(self, inner: Strategy, shapes: dict[str, tuple[int, ...]]):
+    def __init__(
+        self,
+        inner: Strategy,
+        shapes: dict[str, tuple[int, ...]],
+        dtypes: dict[str, str] | None = None,
+        *,
+        max_examples: int = MAX_NUM_EXAMPLES,
+    ):
         super().__init__()
         self.inner, self.shapes = inner, shapes
+        self.dtypes = dtypes or {k: "float32" for k in shapes}
+        self.max_examples = int(max_examples)
         self.clients: dict[int, dict[str, Any]] = {}  # client id -> what the summary says of it
         self.refused: list[dict[str, Any]] = []
 
@@ -63,9 +87,13 @@ class Door(Strategy):
             if msg.has_error():
                 self._refuse(server_round, node, msg.error.reason or "an error without a reason")
                 continue
-            record = msg.content.array_records.get("arrays")
-            metrics = msg.content.metric_records.get("metrics")
-            why = self._misfit(record, metrics)
+            try:
+                record = msg.content.array_records.get("arrays")
+                metrics = msg.content.metric_records.get("metrics")
+                why = self._misfit(record, metrics)
+            except Exception as e:  # a reply malformed in a way no check foresaw: refused, never raised
+                record = metrics = None
+                why = f"a malformed reply ({type(e).__name__}: {str(e)[:200]})"
             if why:
                 self._refuse(server_round, node, why)
                 continue
@@ -88,6 +116,29 @@ class Door(Strategy):
         for name, arr in record.items():
             if tuple(arr.shape) != self.shapes[name]:
                 return f"parameter '{name}' of shape {list(arr.shape)}, not {list(self.shapes[name])}"
+            values = np.asarray(arr.numpy())
+            if values.dtype.name != self.dtypes[name]:
+                return f"parameter '{name}' of dtype {values.dtype.name}, not {self.dtypes[name]}"
+            if not np.isfinite(values).all():
+                bad = int(values.size - np.count_nonzero(np.isfinite(values)))
+                return f"parameter '{name}' holds {bad} non-finite values (NaN or infinity)"
+        return self._bad_metrics(metrics)
+
+    def _bad_metrics(self, metrics: MetricRecord) -> str:
+        """Why the reply's metrics are not what a client writes, or ""."""
+        keys = set(metrics.keys())
+        if keys != set(METRIC_KEYS):
+            extra, missing = sorted(keys - set(METRIC_KEYS)), sorted(set(METRIC_KEYS) - keys)
+            return f"metrics that are not a client's (unknown {extra[:3]}, missing {missing[:3]})"
+        for key in METRIC_KEYS:
+            v = metrics[key]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v):
+                return f"metric '{key}' is {str(v)[:40]!r}, not a finite number"
+        n = metrics["num-examples"]
+        if n != int(n) or not 1 <= n <= self.max_examples:
+            return f"num-examples {n!r} is not a whole number from 1 to {self.max_examples:,}"
+        if metrics["client"] != int(metrics["client"]) or metrics["client"] < 0:
+            return f"client {metrics['client']!r} is not a whole number >= 0"
         return ""
 
     def _refuse(self, server_round: int, node: int, why: str) -> None:
@@ -130,7 +181,9 @@ def run(grid: Grid, cfg: dict[str, Any]) -> dict[str, Any]:
         )
         privacy["mechanism"] = "central DP, server-side fixed clipping (Flower)"
         privacy["noise_stddev"] = privacy["noise_multiplier"] * privacy["clipping_norm"] / clients
-    door = Door(inner, {k: tuple(v.shape) for k, v in shared.items()})
+    door = Door(
+        inner, {k: tuple(v.shape) for k, v in shared.items()}, {k: v.dtype.name for k, v in shared.items()}
+    )
     train_config = ConfigRecord(
         {
             "local-epochs": int(cfg["local-epochs"]),
