@@ -372,3 +372,20 @@ def test_augmentation_from_the_command_line_is_seeded_and_resumes_exactly(tmp_pa
     assert not np.array_equal(a["fc3.weight"], c["fc3.weight"])
     proc = cli("train", art, "--data", DIGITS, "--augment", "zoom:2", "--checkpoint", tmp_path / "d.etck")
     assert proc.returncode == 2 and "--augment zoom:2" in proc.stderr
+
+
+def test_the_exported_crop_takes_the_window_the_reader_takes(png_digits, tmp_path):
+    """--resize 31,31 --crop 28,28: 3 pixels to spare, which torchvision's rounding (half to even) splits 2 + 1; the
+    exported model's Slice must cut where the image reader cuts."""
+    art = tmp_path / "crop.etrain"
+    ok(cli("convert", LENET, "-o", art, "--batch-size", 8, "--resize", "31,31", "--crop", "28,28"))
+    ok(cli("export", art, "-o", tmp_path / "c.onnx"))
+    sess = et.TrainingSession(art)
+    feed = open_feed(str(png_digits), "train", sess, DataOptions())
+    x, _ = feed.view.get_batch(np.arange(8))
+    want = sess.run(feed.transform(x, np.zeros(8))[0])
+    image = pytest.importorskip("PIL.Image")
+    raw = np.stack([np.asarray(image.open(p)) for p in feed.view.paths[:8]])[:, None]
+    o = ort.InferenceSession(str(tmp_path / "c.onnx"), providers=["CPUExecutionProvider"])
+    (got,) = o.run(None, {o.get_inputs()[0].name: raw})
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

@@ -17,7 +17,7 @@ from edgetrain.core.container import atomic_write, inspect_container
 from edgetrain.core.errors import EdgeTrainError, RebatchError, StorageError, UsageError
 from edgetrain.runtime.describe import describe, summary
 from edgetrain.runtime.progress import duration, mb
-from loaders import InputPipeline, adapt_samples
+from loaders import InputPipeline, imageops
 
 from .common import load_weights, open_session, plural
 from .names import DEFAULT_LR, LOSSES
@@ -236,19 +236,20 @@ def _raw_batch(sess, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     pipeline = sess.preprocessing
     lo, hi = pipeline.expected_range() or (0.0, 1.0)
     raw_dtype = np.dtype(pipeline.raw_dtype or x.dtype)
+    shape = (
+        x.shape[:2] + tuple(pipeline.size) if pipeline.size else x.shape
+    )  # its resize then changes nothing
     rng = np.random.default_rng(0)
-    values = (
-        rng.integers(int(lo), int(hi) + 1, x.shape)
-        if raw_dtype.kind in "iu"
-        else rng.uniform(lo, hi, x.shape)
-    )
+    integers = raw_dtype.kind in "iu"
+    values = rng.integers(int(lo), int(hi) + 1, shape) if integers else rng.uniform(lo, hi, shape)
     raw = values.astype(raw_dtype)
     if pipeline.layout == "nhwc" and raw.ndim >= 3:
         raw = np.ascontiguousarray(np.moveaxis(raw, 1, -1))
-    sample = raw.shape[1:]
-    adapter = adapt_samples(sample, x.shape[1:], layout=pipeline.layout, source="the random batch")
-    model_in, _ = pipeline.preprocess(adapter)(raw, np.zeros(len(raw)))
-    return raw, model_in
+    layout = pipeline.layout or "nchw"
+    cropped = (
+        imageops.center_crop(raw, pipeline.crop, layout=layout) if pipeline.crop else raw
+    )  # as readers crop
+    return raw, sess.preprocess(cropped, source="the random batch")
 
 
 def run_demo(args: argparse.Namespace) -> int:

@@ -167,6 +167,11 @@ def _hw(text: str) -> tuple[int, int]:
     return h, w
 
 
+def _scale_argument(p, help_text: str) -> None:
+    """--scale [FACTOR]: alone, 1/255 (8-bit pixels to [0, 1])."""
+    p.add_argument("--scale", nargs="?", const="1/255", metavar="FACTOR", help=help_text)
+
+
 def _preprocessing_arguments(c: argparse.ArgumentParser) -> None:
     """The model's input pipeline, declared once at convert: stored in the artifact, applied by train, eval, the
     phone app and the fleet, written into the exported ONNX."""
@@ -176,12 +181,9 @@ def _preprocessing_arguments(c: argparse.ArgumentParser) -> None:
         "and the exported ONNX model contains it (default: the model's metadata_props 'edgetrain.preprocessing', "
         "else none: data is fed as it is read)",
     )
-    g.add_argument(
-        "--scale",
-        nargs="?",
-        const="1/255",
-        metavar="FACTOR",
-        help="multiply raw values by FACTOR (--scale alone: 1/255, 8-bit pixels to [0, 1]; the export takes uint8)",
+    _scale_argument(
+        g,
+        "multiply raw values by FACTOR (--scale alone: 1/255, 8-bit pixels to [0, 1]; the export takes uint8)",
     )
     g.add_argument("--normalize", metavar="MEAN,STD", help="then (x - MEAN) / STD per channel (as train's)")
     g.add_argument(
@@ -315,12 +317,9 @@ def _data_arguments(p: argparse.ArgumentParser) -> None:
         help="the data's image layout: nhwc (channels last, as cameras give) is transposed to the model's "
         "channels first; default: decided from the shapes, refused when ambiguous",
     )
-    p.add_argument(
-        "--scale",
-        nargs="?",
-        const="1/255",
-        metavar="FACTOR",
-        help="multiply the samples by FACTOR (e.g. 0.00392 or 1/255; --scale alone: 1/255, 8-bit images to [0, 1])",
+    _scale_argument(
+        p,
+        "multiply the samples by FACTOR (e.g. 0.00392 or 1/255; --scale alone: 1/255, 8-bit images to [0, 1])",
     )
     p.add_argument(
         "--normalize",

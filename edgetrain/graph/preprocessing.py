@@ -14,6 +14,7 @@ import numpy as np
 
 from edgetrain.core.errors import UnsupportedError
 from edgetrain.core.ir import Graph, GraphBuilder, TensorInfo
+from loaders.imageops import crop_box
 from loaders.preprocess import divisor
 
 
@@ -97,7 +98,7 @@ def _raw_steps(b: GraphBuilder, x: str, info: TensorInfo, pipeline: Any) -> str:
         )
     if pipeline.crop is not None:
         h, w = pipeline.size or info.shape[2:4]
-        top, left = (int(h) - pipeline.crop[0]) // 2, (int(w) - pipeline.crop[1]) // 2
+        top, left = crop_box((int(h), int(w)), pipeline.crop)  # where the image readers' crop puts the window
         starts = b.initializer("crop_start", np.array([top, left]))
         ends = b.initializer("crop_end", np.array([top + pipeline.crop[0], left + pipeline.crop[1]]))
         x = b.add1(
