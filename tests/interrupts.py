@@ -19,14 +19,25 @@ SIGNALS_RESTORED = """
 import runpy, signal, sys
 signal.signal(signal.SIGINT, signal.default_int_handler)
 signal.signal(signal.SIGTERM, signal.SIG_DFL)
-sys.argv = sys.argv[1:]
+pause = float(sys.argv[1])
+if pause:
+    import time
+    from edgetrain.runtime.training import TrainingSession
+    step = TrainingSession.train_step
+    def paced(self, *a, **k):
+        time.sleep(pause)
+        return step(self, *a, **k)
+    TrainingSession.train_step = paced
+sys.argv = sys.argv[2:]
 runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
 """
 
 
-def python_m(module: str, *args) -> list[str]:
-    """The argv of `python -m module args...` whose process answers Ctrl-C even when this one ignores it."""
-    return [sys.executable, "-c", SIGNALS_RESTORED, module, *map(str, args)]
+def python_m(module: str, *args, step_pause: float = 0.0) -> list[str]:
+    """The argv of `python -m module args...` whose process answers Ctrl-C even when this one ignores it.
+    step_pause: seconds every training step waits first (numbers unchanged), so that a signal sent some time into
+    an epoch lands in it on a fast machine as on a slow one."""
+    return [sys.executable, "-c", SIGNALS_RESTORED, str(float(step_pause)), module, *map(str, args)]
 
 
 class Lines:

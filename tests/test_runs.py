@@ -109,7 +109,7 @@ def test_a_signal_saves_the_step_and_the_printed_command_continues_the_run_exact
     own = ["--checkpoint", checkpoint] if own_checkpoint else []
     args = ["train", art, *RUN, "--log", log, "--plot", plot, *own]
     proc = subprocess.Popen(
-        python_m("edgetrain.cli", *args),
+        python_m("edgetrain.cli", *args, step_pause=0.02),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -118,7 +118,7 @@ def test_a_signal_saves_the_step_and_the_printed_command_continues_the_run_exact
     )
     out, err = Lines(proc.stdout), Lines(proc.stderr)
     err.wait_for(lambda line: line.startswith("epoch   1"), "epoch 1 ended")
-    time.sleep(0.3)  # into epoch 2's 105 steps (some 50 ms each): the signal lands mid-epoch
+    time.sleep(0.5)  # into epoch 2's 105 steps (each paced to 20 ms or more): the signal lands mid-epoch
     proc.send_signal(sig)
     code = finish(proc, 120, out, err)
     stdout, stderr = out.text(10), err.text(10)
@@ -153,7 +153,7 @@ def test_a_second_ctrl_c_quits_at_once_and_leaves_a_whole_checkpoint(lenet, refe
     log = tmp_path / "run.jsonl"
     args = ["train", art, *RUN, "--log", log, "--checkpoint-every", 20]
     proc = subprocess.Popen(
-        python_m("edgetrain.cli", *args),
+        python_m("edgetrain.cli", *args, step_pause=0.02),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
