@@ -13,6 +13,30 @@ Run config (the server's, from `flwr run --run-config`; declared in the app's py
     val-data        server-side validation data for the global model ("" : none)
     out             where the server writes summary.json, progress.jsonl, global.etck, global.onnx
     min-clients     clients a round needs
+    seed            the run's seed (client sampling, partitions)
+  Robustness (the server's door and aggregation rule):
+    aggregate       fedavg | median | trimmed-mean | krum | multi-krum | bulyan (Flower's strategies)
+    byzantine       hostile clients per round the rule must withstand (krum, multi-krum, bulyan; 0: as many as
+                    the rule allows for the round's clients)
+    trim            trimmed-mean: the share of values cut off at each end, per coordinate (Flower's beta)
+    max-update-norm the door refuses a reply whose update (its parameters minus the global ones) has a larger L2
+                    norm (0: no cap)
+    min-replies     a round with fewer accepted replies is skipped: the global model stays as it was (0: 1)
+  Privacy:
+    secure-aggregation  SecAgg+ (Flower's SecAggPlusWorkflow and secaggplus_mod): the server sees only the sum
+    secagg-shares   SecAgg+: the shares each client's secret is split into (0: every client of the round)
+    secagg-threshold SecAgg+: the shares needed to rebuild a secret, so the dropouts a round survives are
+                    shares - threshold (0: two thirds of the shares, rounded up)
+    secagg-clip     SecAgg+: updates are clipped to +-this before quantization
+    local-dp-epsilon  client-side differential privacy (Flower's LocalDpMod): the epsilon of each reply (0: off)
+    local-dp-delta  ... its delta
+    local-dp-clip   ... the L2 norm each reply's parameters are clipped to before the noise
+  Simulation (Flower's simulation engine: each simulated node has only partition-id and num-partitions):
+    sim-data        the dataset the simulated clients take their shards from
+    sim-partition   how: "label-skew" (non-IID) or "iid"
+    sim-samples     samples per simulated client
+    sim-home        the folder of the simulated devices' homes (sim-home/client-K)
+    clients-per-round  clients sampled each round (0: all)
 Node config (each device's, from `flower-supernode --node-config`):
     partition-id    the client's number
     artifact        the device's own copy of the artifact
@@ -44,7 +68,25 @@ RUN_DEFAULTS = {
     "out": "",
     "min-clients": 2,
     "seed": 0,
+    "aggregate": "fedavg",
+    "byzantine": 0,
+    "trim": 0.2,
+    "max-update-norm": 0.0,
+    "min-replies": 0,
+    "secure-aggregation": False,
+    "secagg-shares": 0,
+    "secagg-threshold": 0,
+    "secagg-clip": 8.0,
+    "local-dp-epsilon": 0.0,
+    "local-dp-delta": 1e-5,
+    "local-dp-clip": 1.0,
+    "sim-data": "",
+    "sim-partition": "label-skew",
+    "sim-samples": 40,
+    "sim-home": "",
+    "clients-per-round": 0,
 }
+AGGREGATES = ("fedavg", "median", "trimmed-mean", "krum", "multi-krum", "bulyan")
 # What a client's reply holds besides the arrays (client.py writes them; the server's door accepts these and no other)
 METRIC_KEYS = (
     "num-examples",
