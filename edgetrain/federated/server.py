@@ -21,7 +21,15 @@ import numpy as np
 # flwr, the federated extra, at module level: this module is Flower's ServerApp, run by Flower
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord
 from flwr.serverapp import Grid, ServerApp
-from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg
+from flwr.serverapp.strategy import (
+    Bulyan,
+    DifferentialPrivacyServerSideFixedClipping,
+    FedAvg,
+    FedMedian,
+    FedTrimmedAvg,
+    Krum,
+    MultiKrum,
+)
 from flwr.serverapp.strategy.strategy import Strategy
 
 from edgetrain.core.container import atomic_write
@@ -32,6 +40,7 @@ from edgetrain.runtime.trainer import evaluate, session_batch
 from loaders import DataLoader
 
 from .common import (
+    AGGREGATES,
     CHECK_KEY,
     MAX_NUM_EXAMPLES,
     METRIC_KEYS,
@@ -50,8 +59,13 @@ class Door(Strategy):
     """Wraps a strategy: records every reply (who sent what, how many samples, their metrics) and lets through only
     honest-looking ones: exactly the shared parameters, each of its shape and dtype, every value finite;
     num-examples a whole number from 1 to max_examples; the metrics the client writes (METRIC_KEYS), every one a
-    finite number. Anything else is refused with its reason, recorded and left out of the round; nothing a client
-    sends can raise out of the door."""
+    finite number; with max_update_norm, an update (the reply's parameters minus the global model the round sent)
+    of at most that L2 norm. Anything else is refused with its reason, recorded and left out of the round; nothing
+    a client sends can raise out of the door.
+
+    A round with fewer accepted replies than min_replies, or than the aggregation rule needs (Krum: 2f + 3 for f
+    hostile clients, Bulyan: 4f + 3), is skipped: the global model stays as it was, and the round is recorded as
+    skipped with its reason. What the inner strategy aggregates comes back in the global model's dtypes."""
 
     def __init__(
         self,
@@ -60,16 +74,32 @@ class Door(Strategy):
         dtypes: dict[str, str] | None = None,
         *,
         max_examples: int = MAX_NUM_EXAMPLES,
+        max_update_norm: float = 0.0,
+        min_replies: int = 1,
     ):
         super().__init__()
         self.inner, self.shapes = inner, shapes
         self.dtypes = dtypes or {k: "float32" for k in shapes}
         self.max_examples = int(max_examples)
+        self.max_update_norm = float(max_update_norm or 0.0)
+        self.min_replies = max(1, int(min_replies or 1))
         self.clients: dict[int, dict[str, Any]] = {}  # client id -> what the summary says of it
         self.refused: list[dict[str, Any]] = []
+        self.skipped: list[
+            dict[str, Any]
+        ] = []  # rounds left out: too few accepted replies, or the rule failed
+        self.rounds: dict[int, dict[str, int]] = {}  # round -> {"replies", "accepted", "refused"}
+        self._global: dict[str, np.ndarray] | None = (
+            None  # what this round sent: updates are measured from it
+        )
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid):
+        self.sent(arrays)
         return self.inner.configure_train(server_round, arrays, config, grid)
+
+    def sent(self, arrays: ArrayRecord) -> None:
+        """The global model this round sends: the replies' updates are measured from it."""
+        self._global = {k: np.asarray(v, np.float64) for k, v in from_records(arrays).items()}
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid):
         return self.inner.configure_evaluate(server_round, arrays, config, grid)
@@ -81,8 +111,9 @@ class Door(Strategy):
         self.inner.summary()
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
-        kept = []
+        kept, seen = [], 0
         for msg in replies:
+            seen += 1
             node = msg.metadata.src_node_id
             if msg.has_error():
                 self._refuse(server_round, node, msg.error.reason or "an error without a reason")
@@ -99,9 +130,47 @@ class Door(Strategy):
                 continue
             self._record(server_round, metrics, sorted(record.keys()))
             kept.append(msg)
-        if not kept:
-            return None, None
-        return self.inner.aggregate_train(server_round, kept)
+        self.rounds[server_round] = {"replies": seen, "accepted": len(kept), "refused": seen - len(kept)}
+        need, rule = self._needed(len(kept))
+        if len(kept) < need:
+            return self._skip(
+                server_round,
+                f"{len(kept)} accepted repl{'y' if len(kept) == 1 else 'ies'}; {rule} needs {need}",
+            )
+        try:
+            arrays, metrics = self.inner.aggregate_train(server_round, kept)
+        except Exception as e:  # the rule could not aggregate these replies (Flower's AggregationError, ...)
+            return self._skip(server_round, f"the aggregation failed ({type(e).__name__}: {str(e)[:200]})")
+        if arrays is None:
+            return self._skip(server_round, "the aggregation gave no model")
+        out = {}
+        for name, arr in from_records(arrays).items():
+            out[name] = np.asarray(arr, self.dtypes.get(name, arr.dtype))
+            if not np.isfinite(out[name]).all():
+                return self._skip(server_round, f"the aggregate of '{name}' is not finite")
+        return to_records(out), metrics
+
+    def _needed(self, accepted: int) -> tuple[int, str]:
+        """The accepted replies this round needs, and who asks for them (the door's minimum, or the rule's)."""
+        need, rule = self.min_replies, "the round (--min-replies)"
+        base = _rule_of(self.inner)
+        if isinstance(base, (Krum, MultiKrum, Bulyan)):
+            f = getattr(base, "edgetrain_byzantine", 0)
+            if f <= 0:  # as many hostile clients as the rule can withstand with these replies
+                f = max(0, (accepted - 3) // (4 if isinstance(base, Bulyan) else 2))
+            base.num_malicious_nodes = f
+            if isinstance(base, MultiKrum) and not isinstance(base, Krum):
+                base.num_nodes_to_select = max(1, accepted - f)
+            rule_need = 4 * f + 3 if isinstance(base, Bulyan) else 2 * f + 3
+            if rule_need > need:
+                name = type(base).__name__
+                need, rule = rule_need, f"{name} against {f} hostile client{'s' * (f != 1)}"
+        return need, rule
+
+    def _skip(self, server_round: int, why: str):
+        self.skipped.append({"round": server_round, "reason": why})
+        print(f"round {server_round}: skipped, the global model stays as it was: {why}", flush=True)
+        return None, None
 
     def _misfit(self, record: ArrayRecord | None, metrics: MetricRecord | None) -> str:
         if record is None or metrics is None or "num-examples" not in metrics:
@@ -122,7 +191,13 @@ class Door(Strategy):
             if not np.isfinite(values).all():
                 bad = int(values.size - np.count_nonzero(np.isfinite(values)))
                 return f"parameter '{name}' holds {bad} non-finite values (NaN or infinity)"
-        return self._bad_metrics(metrics)
+        why = self._bad_metrics(metrics)
+        if why or not self.max_update_norm or self._global is None:
+            return why
+        norm = update_norm(from_records(record), self._global)
+        if not norm <= self.max_update_norm:
+            return f"an update of L2 norm {norm:.4g}, above the cap of {self.max_update_norm:g} (--max-update-norm)"
+        return ""
 
     def _bad_metrics(self, metrics: MetricRecord) -> str:
         """Why the reply's metrics are not what a client writes, or ""."""
@@ -153,6 +228,48 @@ class Door(Strategy):
         c["rounds"].append({"round": server_round, **{k: float(v) for k, v in metrics.items()}})
 
 
+def update_norm(arrays: dict[str, np.ndarray], base: dict[str, np.ndarray]) -> float:
+    """The L2 norm of (arrays - base) over every parameter together, in float64."""
+    total = 0.0
+    for name, b in base.items():
+        d = np.asarray(arrays[name], np.float64) - b
+        total += float(np.dot(d.ravel(), d.ravel()))
+    return float(np.sqrt(total))
+
+
+def _rule_of(strategy: Strategy) -> Strategy:
+    """The aggregation rule under privacy wrappers (they keep theirs as .strategy)."""
+    while hasattr(strategy, "strategy") and isinstance(strategy.strategy, Strategy):
+        strategy = strategy.strategy
+    return strategy
+
+
+def aggregation_rule(cfg: dict[str, Any], sample: dict[str, Any]) -> Strategy:
+    """The strategy that aggregates accepted replies, by the run config's `aggregate` (Flower's own strategies):
+    fedavg (weighted by samples), median and trimmed-mean (per coordinate, unweighted), krum (the one reply closest
+    to its neighbours), multi-krum (the mean of the closest n - f), bulyan (multi-krum's choice, then a trimmed
+    mean). `sample`: Flower's fraction_train / min_train_nodes / min_available_nodes."""
+    name = str(cfg.get("aggregate", "fedavg")).strip().lower()
+    common = {**sample, "fraction_evaluate": 0.0}
+    if name == "fedavg":
+        return FedAvg(**common)
+    if name == "median":
+        return FedMedian(**common)
+    if name == "trimmed-mean":
+        trim = float(cfg.get("trim", 0.2))
+        if not 0.0 <= trim < 0.5:
+            raise ConfigError(f"trim {trim:g}: the share cut off at each end must be from 0 to below 0.5")
+        return FedTrimmedAvg(**common, beta=trim)
+    if name in ("krum", "multi-krum", "bulyan"):
+        cls = {"krum": Krum, "multi-krum": MultiKrum, "bulyan": Bulyan}[name]
+        rule = cls(**common)
+        rule.edgetrain_byzantine = max(
+            0, int(cfg.get("byzantine", 0))
+        )  # 0: the most the round's replies allow
+        return rule
+    raise ConfigError(f"unknown aggregation rule {name!r}; use one of {', '.join(AGGREGATES)}")
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     cfg = {**RUN_DEFAULTS, **dict(context.run_config)}
@@ -171,18 +288,28 @@ def run(grid: Grid, cfg: dict[str, Any]) -> dict[str, Any]:
             f"every parameter matches the personal patterns {cfg['personal']!r}: nothing to share"
         )
     clients = int(cfg["min-clients"])
-    inner: Strategy = FedAvg(
-        fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=clients, min_available_nodes=clients
-    )
+    per_round = int(cfg.get("clients-per-round", 0) or 0) or clients
+    if not 1 <= per_round <= clients:
+        raise ConfigError(f"clients-per-round {per_round}: pick 1 to the {clients} clients of the federation")
+    sample = {
+        "fraction_train": per_round / clients,
+        "min_train_nodes": per_round,
+        "min_available_nodes": clients,
+    }
+    inner = aggregation_rule(cfg, sample)
     privacy = {"noise_multiplier": float(cfg["dp-noise"]), "clipping_norm": float(cfg["dp-clip"])}
     if privacy["noise_multiplier"] > 0:
         inner = DifferentialPrivacyServerSideFixedClipping(
-            inner, privacy["noise_multiplier"], privacy["clipping_norm"], num_sampled_clients=clients
+            inner, privacy["noise_multiplier"], privacy["clipping_norm"], num_sampled_clients=per_round
         )
         privacy["mechanism"] = "central DP, server-side fixed clipping (Flower)"
-        privacy["noise_stddev"] = privacy["noise_multiplier"] * privacy["clipping_norm"] / clients
+        privacy["noise_stddev"] = privacy["noise_multiplier"] * privacy["clipping_norm"] / per_round
     door = Door(
-        inner, {k: tuple(v.shape) for k, v in shared.items()}, {k: v.dtype.name for k, v in shared.items()}
+        inner,
+        {k: tuple(v.shape) for k, v in shared.items()},
+        {k: v.dtype.name for k, v in shared.items()},
+        max_update_norm=float(cfg.get("max-update-norm", 0.0) or 0.0),
+        min_replies=int(cfg.get("min-replies", 0) or 0),
     )
     train_config = ConfigRecord(
         {
@@ -194,6 +321,7 @@ def run(grid: Grid, cfg: dict[str, Any]) -> dict[str, Any]:
         }
     )
     judge = _judge(sess, str(cfg["val-data"]), out)
+    judge.door = door
     result = door.start(
         grid=grid,
         initial_arrays=to_records(shared),
@@ -213,6 +341,8 @@ def run(grid: Grid, cfg: dict[str, Any]) -> dict[str, Any]:
         "rounds": [r for r in judge.history if r["round"] > 0],
         "clients": [_client_summary(c) for _, c in sorted(door.clients.items())],
         "refused": door.refused,
+        "skipped": door.skipped,
+        "aggregate": _rule_summary(cfg, door),
         "personal": personal,
         "shared": sorted(shared),
         "privacy": privacy if privacy["noise_multiplier"] > 0 else None,
@@ -221,6 +351,18 @@ def run(grid: Grid, cfg: dict[str, Any]) -> dict[str, Any]:
     }
     atomic_write(os.path.join(out, "summary.json"), json.dumps(summary, indent=2, allow_nan=False).encode())
     return summary
+
+
+def _rule_summary(cfg: dict[str, Any], door: Door) -> dict[str, Any]:
+    rule = _rule_of(door.inner)
+    out: dict[str, Any] = {"rule": str(cfg.get("aggregate", "fedavg")), "strategy": type(rule).__name__}
+    if isinstance(rule, FedTrimmedAvg):
+        out["trim"] = rule.beta
+    if isinstance(rule, (Krum, MultiKrum, Bulyan)):
+        out["byzantine"] = int(getattr(rule, "edgetrain_byzantine", 0)) or "as many as each round allows"
+    out["max_update_norm"] = door.max_update_norm or None
+    out["min_replies"] = door.min_replies
+    return out
 
 
 def _client_summary(c: dict[str, Any]) -> dict[str, Any]:
@@ -253,6 +395,10 @@ class _Judge:
         now = time.perf_counter()
         line: dict[str, Any] = {"round": server_round, "seconds": round(now - self.t, 3)}
         self.t = now
+        door = getattr(self, "door", None)
+        if door is not None and server_round in door.rounds:
+            line.update(door.rounds[server_round])
+            line["skipped"] = any(r["round"] == server_round for r in door.skipped)
         metrics = None
         if self.view is not None:
             self.sess.set_parameters({**self.initial, **from_records(arrays)})
