@@ -326,6 +326,14 @@ def _data_arguments(p: argparse.ArgumentParser) -> None:
         metavar="MEAN,STD",
         help="then (x - MEAN) / STD per channel: 0.5,0.25 or per channel 0.485:0.456:0.406,0.229:0.224:0.225",
     )
+    p.add_argument(
+        "--cast",
+        action="store_true",
+        default=None,
+        help="feed integer or boolean samples to a float model input as they are (uint8 0-255 becomes 0.0-255.0, "
+        "unscaled); without it they are refused unless the model's input pipeline or --scale/--normalize "
+        "scales them",
+    )
     p.add_argument("--x-key", metavar="KEY", help="an .npz's array of samples (default x)")
     p.add_argument("--y-key", metavar="KEY", help="an .npz's array of labels or targets (default y)")
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from edgetrain.core.container import inspect_container
-from edgetrain.core.errors import ConfigError, EdgeTrainError, UsageError
+from edgetrain.core.errors import ConfigError, EdgeTrainError, FeedError, UsageError
 from edgetrain.runtime.feeding import open_feed, parse_options
 from edgetrain.runtime.progress import TrainProgress, duration, epoch_line, percent
 from edgetrain.runtime.schedules import ConstantLR, CosineLR, StepLR, WarmupLR, schedule_from_config
@@ -43,7 +43,14 @@ def _data_options(args: argparse.Namespace):
 
 
 def _feed(path: str, which: str, session, args: argparse.Namespace):
-    feed = open_feed(path, which, session, _data_options(args))
+    # --cast: integer samples fed to a float input as they are
+    session.allow_cast = bool(getattr(args, "cast", None))
+    try:
+        feed = open_feed(path, which, session, _data_options(args))
+    except FeedError as e:
+        if getattr(e, "cast_refused", False):  # an option is missing: --scale or --cast
+            raise UsageError(str(e)) from None
+        raise
     for notice in feed.notices:
         print(f"note: {notice}", file=sys.stderr)
     return feed
@@ -138,6 +145,7 @@ RECORDED = {
     "layout": None,
     "scale": None,
     "normalize": None,
+    "cast": False,
     "x_key": None,
     "y_key": None,
     "augment": None,

@@ -4,7 +4,8 @@
 Samples are adapted to the model's input only where that keeps their meaning: a flatten or unflatten in the same
 memory order, or channels-last images transposed to channels first (loaders.adapt_samples); integer token ids
 stay integers, float inputs get the model's float dtype, then the optional scale and per-channel normalization.
-Anything else is refused with a message that says what would work.
+Integers for a float input need a pipeline that scales them, or the user's word (--cast, allow_cast) to be cast
+as they are. Anything else is refused with a message that says what would work.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from loaders import (
     parse_scale,
 )
 from loaders.preprocess import divisor
+
+from .session import input_cast
 
 
 @dataclass(frozen=True)
@@ -133,7 +136,9 @@ def _open_view(path: str, split: str, session, pipeline: InputPipeline, options:
 def feed_view(view, session, pipeline: InputPipeline | None = None) -> Feed:
     """The transform that makes `view`'s batches the input of the session's model (its input pipeline, or the
     one given), after checking the data against it: notices say what is done to the data, a FeedError or
-    DataError what contradicts the model."""
+    DataError what contradicts the model. Integer or bool samples for a float input follow the sessions' rule
+    (edgetrain.runtime.session.input_cast): fed when the pipeline takes integers (it scales them), cast as they
+    are when the session's allow_cast is set (the command line's --cast), else refused with what to do."""
     pipeline = session.preprocessing if pipeline is None else pipeline
     path = view.source
     name, want, dtype = model_input(session)
@@ -153,7 +158,21 @@ def feed_view(view, session, pipeline: InputPipeline | None = None) -> Feed:
     if dtype.kind in "iu":  # token ids, class indices: integers stay integers
         notices += _integer_input(view, x0, name, dtype, path)
     else:
-        notices += pipeline.check(data_facts(view))
+        facts = data_facts(view)
+        allow = bool(getattr(session, "allow_cast", False))
+        how = input_cast(
+            name,
+            facts.dtype,
+            dtype,
+            allow_cast=allow,
+            pipeline=pipeline,
+            values=(facts.lo, facts.hi),
+            ways="command line",
+        )
+        checked = pipeline.check(facts)  # an 8-bit note says they are fed as they are, and how to scale them
+        if how == "cast" and facts.dtype.kind in "biu" and not checked:
+            checked = [f"{path}: {facts.describe()}, cast to {dtype} as they are, unscaled (--cast)"]
+        notices += checked
     transform = pipeline.preprocess(adapter)
     classes = session.num_classes
     if classes is not None:

@@ -30,6 +30,110 @@ _ONNX_TYPE = {
 }
 
 
+# How each caller's user turns integers into the model's values: (scale them, cast them as they are).
+_WAYS = {
+    "session": (
+        "declare the model's input pipeline (convert with --scale 1/255, or session.preprocessing = "
+        "{'scale': 1/255}: the session then scales integer batches itself) or scale them yourself "
+        "(x.astype(np.float32) / 255)",
+        "x.astype(np.float32), or TrainingSession(..., allow_cast=True)",
+    ),
+    "inference": (
+        "scale them yourself (x.astype(np.float32) / 255 for 0-255 pixels), or export the model with its input "
+        "pipeline (edgetrain convert --scale 1/255, then edgetrain export), which takes the raw integers",
+        "x.astype(np.float32), or InferenceSession(..., allow_cast=True)",
+    ),
+    "command line": (
+        "pass --scale 1/255 (8-bit pixels to [0, 1]) or --normalize MEAN,STD, or convert the model with --scale "
+        "1/255 so that its input pipeline scales them wherever it is fed",
+        "pass --cast (allow_cast=True from Python)",
+    ),
+}
+
+
+def takes_integers(pipeline: Any) -> bool:
+    """Whether a declared input pipeline (loaders.InputPipeline) says how integer data becomes the model's
+    values: its raw dtype is an integer type, or (none given) it scales, normalizes, or expects raw values
+    beyond [0, 1]."""
+    if pipeline is None or not pipeline.declared:
+        return False
+    if pipeline.raw_dtype is not None:
+        return np.dtype(pipeline.raw_dtype).kind in "iu"
+    rng = pipeline.expected_range()
+    arithmetic = pipeline.scale is not None or pipeline.mean is not None or pipeline.std is not None
+    return arithmetic or (rng is not None and rng[1] > 1)
+
+
+def input_cast(
+    name: str,
+    given: Any,
+    want: Any,
+    *,
+    allow_cast: bool = False,
+    pipeline: Any = None,
+    exact: bool = False,
+    values: Any = None,
+    ways: str = "session",
+) -> str:
+    """The one rule for data of dtype `given` fed to the model input `name` of dtype `want`, which every path that
+    feeds a model follows (TrainingSession's train_step, evaluate, run and preprocess, InferenceSession.run, the
+    Trainer through them, and edgetrain.runtime.feeding for train, eval, the phone app and the fleet). Returns
+    "keep" (the same dtype, or a mismatch left for check_feeds to refuse), "cast" or "pipeline" (integers that
+    the model's declared input pipeline takes: it scales them); raises FeedError otherwise.
+
+    - Integers and bools for a float input are refused: cast as they are, 0-255 pixels would be fed where [0, 1]
+      is expected, and the loss explodes without a word. They are fed when the model's input pipeline takes
+      integers (takes_integers: it scales them), or, cast as they are, when the user opted in (allow_cast). A
+      pipeline never takes bools.
+    - Another float dtype for a float input (float64, float16 -> float32) and other integers or bools for an
+      integer input (int32 token ids -> int64) are cast: nothing a user would notice is lost. exact=True (the
+      onnxruntime convention of InferenceSession) casts them only with allow_cast.
+    - Floats for an integer input are never cast (fractional ids would be cut): "keep", and check_feeds refuses.
+
+    values: the data (an array) or its (low, high), for the message; ways: whose ways out the message gives
+    ("session", "inference", "command line")."""
+    given, want = np.dtype(given), np.dtype(want)
+    if given == want or given.kind not in "biuf":
+        return "keep"
+    if want.kind == "f" and given.kind in "biu":
+        if given.kind in "iu" and takes_integers(pipeline):
+            return "pipeline"
+        if allow_cast:
+            return "cast"
+        raise _integer_refusal(name, given, want, pipeline, values, ways)
+    if (want.kind == "f" and given.kind == "f") or (want.kind in "iu" and given.kind in "biu"):
+        return "cast" if allow_cast or not exact else "keep"
+    return "keep"
+
+
+def _integer_refusal(name: str, given: np.dtype, want: np.dtype, pipeline, values, ways: str) -> FeedError:
+    seen = ""
+    if isinstance(values, np.ndarray) and values.size and given.kind != "b":
+        values = (values.min(), values.max())
+    if isinstance(values, tuple) and given.kind != "b" and all(np.isfinite(v) for v in values):
+        lo, hi = (float(v) for v in values)
+        seen = f" values {lo:g}..{hi:g}" + (" (8-bit pixels?)" if lo >= 0 and 1 < hi <= 255 else "")
+    scale, cast = _WAYS[ways]
+    head = f"input '{name}' takes {want.name}, got {given.name}{seen}"
+    if given.kind == "b":
+        err = FeedError(
+            f"{head}: booleans are not cast to {want.name} silently (a mask? a thresholded image?); cast them "
+            f"as they are: {cast}"
+        )
+    else:
+        has = (
+            f"the model's input pipeline ({pipeline.describe()}) takes float data, not integers"
+            if pipeline is not None and pipeline.declared
+            else "the model declares no input pipeline that takes integer data"
+        )
+        err = FeedError(
+            f"{head}, and {has}: cast as they are, they would reach the model unscaled (0-255 pixels where "
+            f"[0, 1] is expected). Scale them: {scale}; or cast them as they are: {cast}"
+        )
+    err.cast_refused = True  # the command line makes it a usage error (exit 2): an option is missing
+    return err
+
+
 @dataclass(frozen=True)
 class NodeArg:
     """An input or output as onnxruntime describes it: name, shape (str for symbolic dims), type string."""
@@ -48,6 +152,11 @@ class InferenceSession:
     Likewise, inputs whose values decide shapes (a `shape` input of a Reshape, say) are bound to the values fed.
     Paths, bytes and ModelProtos need the onnx package; a Graph needs numpy alone. threads= sets the BLAS
     threads (of the process: every session shares them).
+
+    Feeds must have the inputs' dtypes, as onnxruntime wants; integers or bools for a float input are refused
+    with what to do (they would be fed unscaled: see input_cast). allow_cast=True casts every numeric feed to
+    its input's dtype as it is (uint8 0-255 pixels become 0.0-255.0, float64 becomes float32, int32 ids int64);
+    floats are never cast to an integer input.
     """
 
     def __init__(
@@ -57,8 +166,10 @@ class InferenceSession:
         *,
         shapes: Mapping[str, Sequence[int]] | None = None,
         threads: int | None = None,
+        allow_cast: bool = False,
     ):
         self.threads = apply_threads(threads)
+        self.allow_cast = bool(allow_cast)
         if isinstance(model, Graph):
             graph = model
         else:
@@ -113,9 +224,30 @@ class InferenceSession:
             prog = self._programs[key] = Interpreter(g)
         return prog
 
+    def _cast_feeds(self, input_feed: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The feeds with the dtypes input_cast decides (what it leaves, check_feeds refuses)."""
+        if not isinstance(input_feed, Mapping):
+            return input_feed
+        out = dict(input_feed)
+        for name, value in input_feed.items():
+            info = self._base.values.get(name)
+            if name not in self._base.inputs or info is None:
+                continue
+            try:
+                x = np.asarray(value)
+            except (TypeError, ValueError):  # ragged lists: check_feeds names them
+                continue
+            how = input_cast(
+                name, x.dtype, info.dtype, allow_cast=self.allow_cast, exact=True, values=x, ways="inference"
+            )
+            if how == "cast":
+                out[name] = x.astype(info.dtype)
+        return out
+
     def run(
         self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any], run_options: Any = None
     ) -> list[np.ndarray]:
+        input_feed = self._cast_feeds(input_feed)
         prog = self._program(input_feed)
         feeds = check_feeds(prog.graph, {k: v for k, v in input_feed.items() if k not in self._shape_inputs})
         if output_names is not None:

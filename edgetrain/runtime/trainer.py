@@ -126,6 +126,10 @@ class Trainer:
 
     `request_stop()` (from another thread, or a signal handler of the application's) makes fit() stop at the next
     step boundary and save that step: the Trainer itself never touches the process's signals.
+
+    The loaders' batches go to the session as they are: integer or bool batches for a float input follow the
+    session's rule (TrainingSession's docstring): the model's input pipeline scales integers it takes, and
+    anything else is refused with a FeedError at the first step unless the session's `allow_cast` is set.
     """
 
     def __init__(

@@ -22,6 +22,7 @@ from edgetrain.graph.rebatch import apply_batch_plan, fixed_batch
 from .artifact import load_artifact
 from .feature_cache import DEFAULT_MAX_BYTES, FeatureCache
 from .fused import FusedOptimizer, finite, fusable, usable
+from .session import input_cast
 from .threads import apply_threads
 
 if TYPE_CHECKING:  # loaders loads when a session meets an input pipeline, not with every session
@@ -36,6 +37,14 @@ class TrainingSession:
     The training step is a pure function of (data, target, lr, parameters, optimizer state); the session owns the
     parameters and state and binds each step's new values back. run() and evaluate() use inference semantics
     (BatchNorm with running statistics, no dropout), with the current parameters.
+
+    The data given to train_step, evaluate and run is the model's input. Another float dtype (float64) is cast
+    to the input's, and other integers to an integer input (int32 token ids), silently: nothing is lost that a
+    user would notice. Integers for a float input are raw data: when the model declares an input pipeline that
+    takes them (convert --scale 1/255: uint8 pixels, x / 255) it is applied to them, as preprocess() does and as
+    the exported model does in its graph; otherwise they, and bools, are refused with a FeedError saying how to
+    scale them, unless the session was made with allow_cast=True (or `allow_cast` was set since), which casts
+    them as they are. One rule decides for every path: edgetrain.runtime.session.input_cast.
     """
 
     def __init__(
@@ -47,11 +56,15 @@ class TrainingSession:
         threads: int | None = None,
         max_header_bytes: int | None = None,
         max_arena_bytes: int | None = None,
+        allow_cast: bool = False,
     ):
         """path: an artifact file (`.etrain`), or a TrainingArtifact just converted (it is written to a temporary
         file of the session's, as the device would read it). max_header_bytes and max_arena_bytes raise the bounds
         an artifact is read within (container.MAX_HEADER_BYTES, plan.MAX_ARENA_BYTES: 64 MiB of header, a 4 GiB
-        arena): see SECURITY.md."""
+        arena): see SECURITY.md. allow_cast=True feeds integer and bool batches to a float input cast as they
+        are (0-255 stays 0.0-255.0), where the session would refuse them (see the class's docstring); it is the
+        `allow_cast` attribute, which a Trainer's steps follow too."""
+        self.allow_cast = bool(allow_cast)
         self.threads = apply_threads(threads)  # BLAS threads (the process's); None: left as they are
         self._tmp: tempfile.TemporaryDirectory | None = None
         if not isinstance(path, (str, os.PathLike)) and callable(getattr(path, "save", None)):
@@ -171,7 +184,8 @@ class TrainingSession:
     def preprocess(self, x: Any, *, source: str = "the samples") -> np.ndarray:
         """Raw samples [N, ...] (camera bytes, 0-255 pixels) -> the model's input, by the input pipeline, checked
         against it (a DataError says what contradicts it). Without a declared pipeline the samples are only fitted
-        to the model's input shape and dtype."""
+        to the model's input shape and dtype; integers or bools for a float input are then refused unless
+        allow_cast (see the class's docstring)."""
         from loaders import adapt_samples  # start-up: loaded by the sessions that meet raw data
         from loaders.pipeline import array_facts  # start-up: as above
 
@@ -185,6 +199,7 @@ class TrainingSession:
         want = tuple(int(d) for d in self.artifact.program.values[names[0]].shape[1:])
         if x.ndim < 1:
             raise FeedError(f"{source}: a batch [N, ...] is needed, got a scalar")
+        input_cast(names[0], x.dtype, pipeline.dtype, allow_cast=self.allow_cast, pipeline=pipeline, values=x)
         adapter = adapt_samples(x.shape[1:], want, layout=pipeline.layout, source=source)
         pipeline.check(array_facts(x, source))
         return pipeline.preprocess(adapter)(x, np.zeros(len(x)))[0]
@@ -589,16 +604,17 @@ class TrainingSession:
         if data is None:
             raise FeedError(f"the model has {len(names)} inputs ({', '.join(names)}): pass a dict of them")
         out = {}
+        pipeline = self._pipeline if len(names) == 1 else None  # None: no pipeline declared or set (yet)
         for name in names:
             if name not in data:
                 raise FeedError(f"input '{name}' is missing; the model's inputs are: {', '.join(names)}")
-            info = self.artifact.program.values[name]
+            want = np.dtype(self.artifact.program.values[name].dtype)
             arr = np.asarray(data[name])
-            want = np.dtype(info.dtype)
-            if arr.dtype != want and arr.dtype.kind in "fiub" and want.kind == "f":
-                arr = arr.astype(want)  # a float64 or integer image batch: convert, as users expect
-            elif arr.dtype != want and arr.dtype.kind in "iub" and want.kind in "iu":
-                arr = arr.astype(want)  # int32 token ids for an int64 input
+            how = input_cast(name, arr.dtype, want, allow_cast=self.allow_cast, pipeline=pipeline, values=arr)
+            if how == "pipeline":  # raw integers: the model's input pipeline scales them
+                arr = self.preprocess(arr, source=f"input '{name}'")
+            elif how == "cast":
+                arr = arr.astype(want)
             out[name] = arr
         if fixed_batch:
             if self._data_graph is None:  # the program seen from its data inputs, made once
