@@ -6,7 +6,9 @@ Format (version 1), readable with any SQLite tool:
   samples(id, created, y_dtype, y_shape, y, y_crc)      id: INTEGER PRIMARY KEY AUTOINCREMENT (never reused)
   sample_x(id, x_dtype, x_shape, x, x_crc)              x in its own table: ids and labels are read without it
 An array is its dtype's numpy name ('uint8', 'float32'), its shape as a JSON list and its bytes, little-endian in
-C order; crc is zlib.crc32 of dtype + shape + bytes. Nothing is pickled.
+C order; crc is zlib.crc32 of dtype + shape + bytes. Nothing is pickled. A file whose schema holds anything else
+(a trigger, a view, an index, another table, one of these defined otherwise) is not opened: a trigger could drop a
+sample add() has acknowledged.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import json
 import math
 import operator
 import os
+import re
 import sqlite3
 import threading
 import time
@@ -50,6 +53,24 @@ _COLUMNS = {
     "samples": {"id", "created", "y_dtype", "y_shape", "y", "y_crc"},
     "sample_x": {"id", "x_dtype", "x_shape", "x", "x_crc"},
 }
+_INTEGER = re.compile(r"-?[0-9]+")  # ASCII digits only ('²' is a digit to str.isdigit)
+_DECIMAL = re.compile(r"-?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?")
+
+
+def _words(sql) -> str | None:
+    """SQL text with its whitespace runs made single spaces (how a definition is compared)."""
+    return " ".join(sql.split()) if isinstance(sql, str) else None
+
+
+# What sqlite_master of a store holds, name -> (table, definition): its tables as _SCHEMA makes them, and SQLite's
+# own bookkeeping (AUTOINCREMENT's counter, meta's primary-key index, the statistics of ANALYZE, which a tool may run)
+_OWN_TABLES = {
+    **{s.split()[2]: (s.split()[2], _words(s)) for s in _SCHEMA},
+    "sqlite_sequence": ("sqlite_sequence", "CREATE TABLE sqlite_sequence(name,seq)"),
+    "sqlite_stat1": ("sqlite_stat1", "CREATE TABLE sqlite_stat1(tbl,idx,stat)"),
+    "sqlite_stat4": ("sqlite_stat4", "CREATE TABLE sqlite_stat4(tbl,idx,neq,nlt,ndlt,sample)"),
+}
+_OWN_INDEXES = {"sqlite_autoindex_meta_1": ("meta", None)}
 _SELECT_Y = "SELECT id, y_dtype, y_shape, y, y_crc FROM samples WHERE id IN ({})"
 _SELECT_XY = (
     "SELECT s.id, s.y_dtype, s.y_shape, s.y, s.y_crc, x.x_dtype, x.x_shape, x.x, x.x_crc "
@@ -192,6 +213,8 @@ class SampleStore(IDataView):
     another process reads. As an IDataView it is the snapshot of ids taken at open and at each refresh(), so a
     DataLoader's epoch never shifts while samples arrive; after refresh(), make a new DataLoader (or train on
     split()/snapshot() views, which keep their ids). Thread-safe; one store object per process is enough.
+    A store this process cannot write (a file of mode 0444, a read-only folder) is opened for reading: read_only
+    is True, and writes raise a DataError saying so.
     """
 
     finite_checked = True
@@ -205,7 +228,9 @@ class SampleStore(IDataView):
         self._conn: sqlite3.Connection | None = None
         self._snap = np.zeros(0, dtype=np.int64)
         self._pages = self._check_file(create)  # pages the file held before we opened it (0: new or empty)
-        uri = f"file:{quote(os.path.abspath(self.path))}?mode={'rwc' if create else 'rw'}"
+        # why this process cannot write the store (it is then opened for reading); None when it can
+        self._read_only: str | None = None
+        uri = self._uri(create)
         try:
             self._conn = sqlite3.connect(
                 uri, uri=True, timeout=self.timeout, isolation_level=None, check_same_thread=False
@@ -216,10 +241,15 @@ class SampleStore(IDataView):
             raise DataError(f"{self.path}: opening failed: the file is damaged ({e})", self.path) from e
         try:
             self._setup(create)
-            self.refresh()
         except BaseException:
             self.close()
             raise
+
+    @property
+    def read_only(self) -> bool:
+        """True when this process cannot write the store (a file of mode 0444, a read-only folder): it was opened
+        for reading, and add(), add_many() and delete() raise a DataError saying so."""
+        return self._read_only is not None
 
     # -- opening ------------------------------------------------------------------------------------------
     def _not_ours(self, what: str) -> DataError:
@@ -228,6 +258,47 @@ class SampleStore(IDataView):
             f"of its own (a new store is created there), or move this file away",
             self.path,
         )
+
+    def _uri(self, create: bool) -> str:
+        """What SQLite opens: the file read-write (made when missing and create), or read-only when this process
+        cannot write it. Read-only needs no writable folder while the WAL holds nothing (immutable=1: SQLite then
+        reads the file alone, with no PATH-shm to make); with commits still in PATH-wal, SQLite reads them
+        through a PATH-shm that must exist already."""
+        path = os.path.abspath(self.path)
+        base = f"file:{quote(path)}"
+        if not os.path.exists(path):
+            return f"{base}?mode={'rwc' if create else 'rw'}"
+        folder = os.access(os.path.dirname(path), os.W_OK | os.X_OK)
+        wal, shm = f"{path}-wal", f"{path}-shm"
+        if not os.access(path, os.W_OK):
+            self._read_only = "the file is not writable"
+        elif not folder and not (os.access(wal, os.W_OK) and os.access(shm, os.W_OK)):
+            self._read_only = "its folder is not writable, and SQLite writes PATH-wal and PATH-shm beside it"
+        if self._read_only is None:
+            return f"{base}?mode={'rwc' if create else 'rw'}"
+        if folder:
+            return f"{base}?mode=ro"
+        pending = os.path.exists(wal) and os.path.getsize(wal) > 0
+        if not pending:
+            return f"{base}?mode=ro&immutable=1"
+        if not os.path.exists(shm):
+            raise DataError(
+                f"{self.path}: a read-only store whose {os.path.basename(wal)} still holds samples not yet folded "
+                f"into it, which SQLite cannot read without {os.path.basename(shm)} in a folder it cannot write; "
+                f"copy the store and its -wal file to a writable folder (or make this one writable) and open it "
+                f"there",
+                self.path,
+            )
+        return f"{base}?mode=ro"
+
+    def _writable(self, doing: str) -> None:
+        """A DataError for a write to a store opened for reading."""
+        if self._read_only is not None:
+            raise DataError(
+                f"{self.path}: {doing}: the sample store is read-only here ({self._read_only}), so it was opened "
+                f"for reading only; make the file and its folder writable, or copy the store to a writable folder",
+                self.path,
+            )
 
     def _check_file(self, create: bool) -> int:
         """Refuses what is not an SQLite file; returns how many pages it holds (0 for none or an empty file)."""
@@ -281,6 +352,12 @@ class SampleStore(IDataView):
                     )
                 if not create:
                     raise self._not_ours("an empty file (create=True makes a new store in it)")
+                if self._read_only is not None:
+                    raise DataError(
+                        f"{self.path}: an empty file, and read-only here ({self._read_only}): no store can be "
+                        f"made in it; make it writable, or give SampleStore a path in a writable folder",
+                        self.path,
+                    )
                 with self._transaction(conn):  # the busy timeout covers BEGIN IMMEDIATE: one creator wins
                     if not self._tables(conn):
                         for statement in _SCHEMA:
@@ -291,16 +368,22 @@ class SampleStore(IDataView):
                         conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
                 tables = self._tables(conn)
             self._check_format(conn, tables)  # before anything is changed in a file that may not be ours
-            # new, or a copy that a tool turned back to a rollback journal
-            if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
-                if self._pages > 1:  # switching rewrites the header: not in a file that may be damaged
-                    found = [" ".join(str(r[0]).split()) for r in conn.execute("PRAGMA quick_check(3)")]
-                    if found != ["ok"]:
-                        raise DataError(
-                            f"{self.path}: damaged ({'; '.join(found)}); it was left untouched: move it away "
-                            f"(keep it) and start a new store",
-                            self.path,
-                        )
+            # new, or a copy that a tool turned back to a rollback journal (a read-only store stays as it is)
+            switch = self._read_only is None and conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal"
+            if switch and self._pages > 1:  # switching rewrites the header: not in a file that may be damaged
+                found = [" ".join(str(r[0]).split()) for r in conn.execute("PRAGMA quick_check(3)")]
+                if found != ["ok"]:
+                    raise DataError(
+                        f"{self.path}: damaged ({'; '.join(found)}); it was left untouched: move it away "
+                        f"(keep it) and start a new store",
+                        self.path,
+                    )
+            # The ids are read before the schema's other objects are judged, so that damage to the samples
+            # themselves is named as such; reading runs no trigger (SQLite has none on SELECT), and the tables
+            # read are tables (_check_format), so nothing in the file has run when _check_objects refuses it.
+            self.refresh()
+            self._check_objects(conn)
+            if switch:
                 self._to_wal(conn)
 
     def _to_wal(self, conn: sqlite3.Connection) -> None:
@@ -339,19 +422,13 @@ class SampleStore(IDataView):
             ) from None
         if meta.get("format") != FORMAT:
             raise self._not_ours(f"its meta table says format {_short(meta.get('format'))}, not {FORMAT!r}")
-        version = meta.get("version")
-        if not (isinstance(version, str) and version.isascii() and version.isdigit() and len(version) < 10):
-            raise DataError(
-                f"{self.path}: damaged: its format version {_short(version)} is not a number >= 1", self.path
-            )
-        if int(version) < 1:
-            raise DataError(
-                f"{self.path}: damaged: its format version {version!r} is not a number >= 1", self.path
-            )
-        if int(version) > VERSION:
+        version = self._version(meta.get("version"))
+        if version > VERSION:
+            far = " (a version that far ahead is more likely damage)" if version > VERSION + 1000 else ""
             raise DataError(
                 f"{self.path}: a sample store of format version {version}, newer than this edgetrain reads "
-                f"(version {VERSION}); it was left untouched: update the app (edgetrain) to open it",
+                f"(version {VERSION}): written by a newer edgetrain (schema {version}); this one reads up to "
+                f"{VERSION}{far}. It was left untouched: update the app (edgetrain) to open it",
                 self.path,
             )
         for table, columns in _COLUMNS.items():
@@ -367,6 +444,54 @@ class SampleStore(IDataView):
                     f"and start a new store",
                     self.path,
                 )
+
+    def _version(self, version) -> int:
+        """The meta table's format version as an int >= 1, or a DataError saying what it is instead."""
+        fault = None
+        if version is None:
+            fault = "is missing (meta holds no 'version' row)"
+        elif not isinstance(version, str) or not _INTEGER.fullmatch(version):
+            decimal = isinstance(version, str) and _DECIMAL.fullmatch(version)
+            fault = "is not a whole number; versions are 1, 2, 3, ..." if decimal else "is not a number >= 1"
+        elif len(version.lstrip("-")) > 18:  # beyond SQLite's integers: no edgetrain wrote that
+            fault = f"is not a number >= 1 that any edgetrain writes ({len(version.lstrip('-'))} digits)"
+        elif int(version) < 0:
+            fault = "is negative; versions are 1, 2, 3, ..."
+        elif int(version) == 0:
+            fault = "is zero; versions are 1, 2, 3, ..."
+        if fault is not None:
+            raise DataError(
+                f"{self.path}: damaged: its format version {_short(version)} {fault}; it was left untouched: move "
+                f"it away (keep it) and start a new store",
+                self.path,
+            )
+        return int(version)
+
+    def _check_objects(self, conn: sqlite3.Connection) -> None:
+        """Refuses a file whose schema holds anything but a store's own tables (as _SCHEMA makes them) and
+        SQLite's bookkeeping: a trigger could delete or rewrite a sample add() has acknowledged, a view or a
+        table of another definition (ON CONFLICT REPLACE, a default) change what is stored, behind the app."""
+        strange = []
+        for kind, name, table, sql in conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_master"):
+            ours = {"table": _OWN_TABLES, "index": _OWN_INDEXES}.get(kind, {})
+            if isinstance(name, str) and name in ours and ours[name] == (table, _words(sql)):
+                continue
+            what = f"{kind if isinstance(kind, str) else _short(kind)} {_short(name)}"
+            if name in _OWN_TABLES and kind == "table":
+                what = f"table {name} of another definition ({_short(sql)})"
+            elif table != name and isinstance(table, str):
+                what += f" on {table}"
+            strange.append(what)
+        if strange:
+            more = f" and {len(strange) - 4} more" if len(strange) > 4 else ""
+            raise DataError(
+                f"{self.path}: this is not a sample store edgetrain wrote: its schema also holds "
+                f"{', '.join(strange[:4])}{more}, where a store has only its tables meta, samples and sample_x "
+                f"(a trigger or view could change or drop samples behind the app). It was left untouched and "
+                f"nothing was written to it: copy the samples you trust out with an SQLite tool into a new store, "
+                f"or give SampleStore a path of its own",
+                self.path,
+            )
 
     # -- the connection -----------------------------------------------------------------------------------
     def _error(self, doing: str, e: sqlite3.Error) -> DataError:
@@ -433,6 +558,7 @@ class SampleStore(IDataView):
     def add(self, x, y) -> int:
         """Stores one sample (x and its label y) in one transaction; returns its id once it is committed and
         synced, so an id the app has seen survives a kill of the process and a power loss."""
+        self._writable("adding a sample")
         row = _sample(x, y, self.path)
         with self._db("adding a sample") as conn, self._transaction(conn):
             new = self._insert(conn, row, time.time())
@@ -440,6 +566,7 @@ class SampleStore(IDataView):
 
     def add_many(self, xs, ys) -> list[int]:
         """Stores all the samples in one transaction (all or none: a bad one adds nothing); their ids, in order."""
+        self._writable("adding samples")
         xs, ys = list(xs), list(ys)
         if len(xs) != len(ys):
             raise ConfigError(f"add_many got {len(xs)} samples but {len(ys)} labels")
@@ -453,6 +580,7 @@ class SampleStore(IDataView):
         """Removes sample `id` (DataError when there is none). Views and the snapshot keep their ids: reading
         it through them gives a DataError until they are made again (refresh())."""
         i = operator.index(id)
+        self._writable(f"deleting sample {i}")
         with self._db(f"deleting sample {i}") as conn, self._transaction(conn):
             if conn.execute("DELETE FROM samples WHERE id = ?", (i,)).rowcount == 0:
                 raise DataError(f"{self.path}: no sample with id {i} to delete", self.path)
