@@ -29,8 +29,9 @@ from edgetrain.runtime.trainer import evaluate, session_batch
 from loaders import DataError, DataLoader, split
 
 from .common import CHECK_KEY, from_records, patterns, personal_names, readers_of, to_records
+from .privacy import CLIENT_MODS
 
-app = ClientApp()
+app = ClientApp(mods=CLIENT_MODS)  # SecAgg+ and local DP, when the run asks for them (privacy.py)
 REFUSED = 1  # Error code of a round this device refuses (another artifact, other parameters, unusable data)
 
 

@@ -51,6 +51,7 @@ from .common import (
     readers_of,
     to_records,
 )
+from .privacy import run_private, wants_legacy
 
 app = ServerApp()
 
@@ -273,10 +274,10 @@ def aggregation_rule(cfg: dict[str, Any], sample: dict[str, Any]) -> Strategy:
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     cfg = {**RUN_DEFAULTS, **dict(context.run_config)}
-    run(grid, cfg)
+    run(grid, cfg, context)
 
 
-def run(grid: Grid, cfg: dict[str, Any]) -> dict[str, Any]:
+def run(grid: Grid, cfg: dict[str, Any], context: Context | None = None) -> dict[str, Any]:
     out = str(cfg["out"]) or os.path.abspath("federated-out")
     os.makedirs(out, exist_ok=True)
     sess = TrainingSession(str(cfg["artifact"]))
@@ -322,14 +323,22 @@ def run(grid: Grid, cfg: dict[str, Any]) -> dict[str, Any]:
     )
     judge = _judge(sess, str(cfg["val-data"]), out)
     judge.door = door
-    result = door.start(
-        grid=grid,
-        initial_arrays=to_records(shared),
-        num_rounds=int(cfg["rounds"]),
-        train_config=train_config,
-        evaluate_fn=judge,
-    )
-    final = from_records(result.arrays) if result.arrays is not None else shared
+    private: dict[str, Any] = {}
+    if wants_legacy(cfg):  # SecAgg+ or local DP: Flower's older workflows (edgetrain.federated.privacy)
+        if context is None:
+            raise ConfigError(
+                "secure aggregation and local DP run as Flower's ServerApp (they need its context)"
+            )
+        final, private = run_private(grid, context, cfg, shared, door, judge, train_config)
+    else:
+        result = door.start(
+            grid=grid,
+            initial_arrays=to_records(shared),
+            num_rounds=int(cfg["rounds"]),
+            train_config=train_config,
+            evaluate_fn=judge,
+        )
+        final = from_records(result.arrays) if result.arrays is not None else shared
     sess.set_parameters(final)
     sess.save_checkpoint(
         os.path.join(out, "global.etck"), user_state={"federated_rounds": int(cfg["rounds"])}
@@ -346,6 +355,7 @@ def run(grid: Grid, cfg: dict[str, Any]) -> dict[str, Any]:
         "personal": personal,
         "shared": sorted(shared),
         "privacy": privacy if privacy["noise_multiplier"] > 0 else None,
+        **private,
         "global_checkpoint": os.path.join(out, "global.etck"),
         "global_onnx": exported,
     }
