@@ -71,6 +71,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("serve", help="the page for the phone's browser, on 127.0.0.1")
     c.add_argument("--port", type=int, default=8765, help="default 8765 (0: any free port)")
+    c.add_argument(
+        "--request-timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="a request (headers and body) must arrive whole within SECONDS, else its connection is closed "
+        "(default 10)",
+    )
+    c.add_argument(
+        "--max-connections",
+        type=int,
+        default=32,
+        metavar="N",
+        help="connections open at once (a thread each); beyond N a new one takes the place of the one that has "
+        "waited longest for its request, or gets a 503 (default 32)",
+    )
 
     c = sub.add_parser("simulate", help="the whole story on a desktop with the embedded data")
     c.add_argument("--every", type=int, default=10, help="a burst every N samples (default 10)")
@@ -170,7 +186,12 @@ def run(args: argparse.Namespace) -> int:
     elif args.command == "serve":
         from .server import serve  # only for serve: the HTTP server and the page
 
-        serve(home, port=args.port)
+        serve(
+            home,
+            port=args.port,
+            request_timeout=args.request_timeout,
+            max_connections=args.max_connections,
+        )
     return 0
 
 

@@ -11,19 +11,27 @@ android_demo/static/ and a small JSON API; everything it does goes through Home,
 
 "pixels" is the model's input as nested lists (for the digits model [1, 28, 28], or [28, 28]: singleton axes may be
 left out), raw values in the range the model's input pipeline takes ("input_range" of /api/status: 0..255 for the
-digits model, whose pipeline divides by 255; [0, 1] for a model that declares none). A bad request gets a 400 and
-{"error": "one line"}; nothing answers with a traceback.
+digits model, whose pipeline divides by 255; [0, 1] for a model that declares none): JSON numbers only (not strings,
+booleans or null). "label" is a class number written as an integer (3, not 3.0 or "3"). A body is UTF-8 JSON of at
+most MAX_BODY bytes, nested at most api_json.MAX_DEPTH deep (checked before it is parsed). A bad request gets a 400
+(413 for one too large) and {"error": "one line"}; nothing answers with a traceback.
 Only loopback addresses are served, and only to requests that name a loopback host (a page of another site cannot
 reach the app through DNS rebinding) and send JSON (a plain cross-site form cannot post to it).
+A slow client cannot hold the server (connections.py): a request must arrive whole within `request_timeout` seconds
+(else 408 and the connection is closed), and at most `max_connections` are open at once; beyond that a new one takes
+the place of the connection that has waited longest for its request, or gets a 503 when all are being answered.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
+import re
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import asdict
@@ -34,7 +42,19 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
+from . import api_json
+from .api_json import ApiError
 from .app import AppError, Home
+from .connections import (
+    MAX_CONNECTIONS,
+    MAX_HEADER_BYTES,
+    REQUEST_TIMEOUT,
+    Connections,
+    DeadlineReader,
+    HeadersTooLarge,
+    linger,
+    refuse,
+)
 
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
 PAGES = {  # the only files served: no path from a request ever reaches the file system
@@ -45,14 +65,7 @@ PAGES = {  # the only files served: no path from a request ever reaches the file
 }
 LOOPBACK = ("127.0.0.1", "localhost")
 MAX_BODY = 1 << 20  # a 28x28 drawing as JSON is about 10 KB
-
-
-class ApiError(Exception):
-    """A request the API refuses (400 unless said otherwise); its message is the one line the page shows."""
-
-    def __init__(self, message: str, status: int = HTTPStatus.BAD_REQUEST):
-        super().__init__(message)
-        self.status = status
+LINGER_SECONDS = 2.0  # at most, reading what a client still sends after an error answered before its body
 
 
 def _clean(v: Any) -> Any:
@@ -131,11 +144,20 @@ def _one_line(e: BaseException) -> str:
 
 
 class AppServer(ThreadingHTTPServer):
-    """The page's server: a Home, the burst runner, and the model's input shape and classes (read once)."""
+    """The page's server: a Home, the burst runner, and the model's input shape and classes (read once); its
+    connections bounded in number and each request in time (connections.py)."""
 
     daemon_threads = True
+    request_queue_size = 128  # a burst of connections waits in the kernel for accept(), not refused there
 
-    def __init__(self, home: Home, address: tuple[str, int]):
+    def __init__(
+        self,
+        home: Home,
+        address: tuple[str, int],
+        *,
+        request_timeout: float = REQUEST_TIMEOUT,
+        max_connections: int = MAX_CONNECTIONS,
+    ):
         self.home = home
         self.burst = Burst(home)
         self.input_shape = tuple(home.input_shape())
@@ -143,7 +165,35 @@ class AppServer(ThreadingHTTPServer):
             home.input_range()
         )  # the page sends pixels in it (0..255 for a pipeline that scales)
         self.classes = home.num_classes
+        self.request_timeout = float(request_timeout)
+        self.connections = Connections(max_connections)
+        # a body holds the pixels and a few fields; twice the input's numbers leaves room for any nesting
+        self.max_items = max(1024, 2 * math.prod(self.input_shape) + 64)
         super().__init__(address, Handler)
+
+    def process_request(self, request, client_address) -> None:
+        if not self.connections.admit(request):
+            refuse(
+                request,
+                f"the app is answering {self.connections.cap} requests at once, as many as it takes; "
+                "try again in a moment",
+            )
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.connections.release(request)
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.connections.release(request)
+
+    def server_close(self) -> None:
+        super().server_close()
+        self.connections.close_all()
 
     def handle_error(self, request, client_address) -> None:
         if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
@@ -168,12 +218,57 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # quiet: a phone's terminal is small
         pass
 
+    def setup(self) -> None:
+        super().setup()
+        self.rfile.close()  # makefile's reader; this one gives each read only what is left of the request's time
+        self._reader = DeadlineReader(self.connection)
+        self.rfile = io.BufferedReader(self._reader)
+        self._linger = False
+
+    def handle(self) -> None:
+        super().handle()
+        if self._linger:  # an error answered before the body was read: let the client read it, then close
+            self.server.connections.reading(self.request)
+            linger(
+                self.connection,
+                seconds=min(LINGER_SECONDS, self.server.request_timeout),
+                max_bytes=4 * MAX_BODY,
+            )
+
+    def handle_one_request(self) -> None:
+        # the request's time starts when the connection begins to wait for it: the request line, headers and body
+        # must all arrive within request_timeout (an idle kept-alive connection is closed then too)
+        self.server.connections.reading(self.request)
+        self._reader.deadline = time.monotonic() + self.server.request_timeout
+        self.raw_requestline, self.command, self._answered = b"", "", False
+        super().handle_one_request()  # closes the connection quietly when a read runs out of time
+        if self._reader.expired and self.raw_requestline.strip() and not self._answered:
+            self._error(
+                HTTPStatus.REQUEST_TIMEOUT,
+                f"the request's headers did not arrive within {self.server.request_timeout:g} s; "
+                "send a request whole at once",
+            )
+
+    def parse_request(self) -> bool:
+        self._reader.budget = MAX_HEADER_BYTES
+        try:
+            return super().parse_request()
+        except HeadersTooLarge as e:
+            self.send_error(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, f"{e}; a browser sends a few KB")
+            return False
+        finally:
+            self._reader.budget = None
+
     def _send(self, status: int, body: bytes, content_type: str) -> None:
+        self._answered = True
+        self.connection.settimeout(self.server.request_timeout)  # a client that does not read is dropped too
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-store")
         self.send_header("X-Content-Type-Options", "nosniff")
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
@@ -183,35 +278,54 @@ class Handler(BaseHTTPRequestHandler):
 
     def _error(self, status: int, message: str) -> None:
         self.close_connection = True  # the body may be left unread: a kept-alive connection would misread it
-        self._json(status, {"error": message})
+        self._linger = not self._reader.expired  # a client out of time gets its answer and is closed at once
+        try:
+            self._json(status, {"error": message})
+        except OSError:
+            pass  # the client went away, or its connection was dropped to make room
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         # http.server's own errors (a malformed request line, an unknown method) as JSON too, never an HTML page
-        try:
-            self._error(code, message or HTTPStatus(code).phrase)
-        except OSError:
-            pass
+        self._error(code, message or HTTPStatus(code).phrase)
+
+    def _length(self) -> int:
+        """The body's size from Content-Length: digits only, one value, at most MAX_BODY."""
+        if self.headers.get("Transfer-Encoding") is not None:
+            raise ApiError("send the body with a Content-Length; a chunked body is not read")
+        values = {v.strip() for v in self.headers.get_all("Content-Length") or []}
+        if len(values) > 1:
+            raise ApiError(f"Content-Length given twice, as {' and '.join(sorted(values))}; send one")
+        text = values.pop() if values else "0"
+        if not re.fullmatch(r"[0-9]{1,15}", text):
+            raise ApiError(f"Content-Length {text[:20]!r} is not a number of bytes")
+        n = int(text)
+        if n > MAX_BODY:
+            raise ApiError(
+                f"a body of {n} bytes; at most {MAX_BODY} (a drawing is about 10 KB)",
+                HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+            )
+        return n
 
     def _body(self) -> dict[str, Any]:
-        ctype = self.headers.get("Content-Type", "").split(";")[0].strip().lower()
+        """The request's JSON object, read within the request's time and checked before it is parsed."""
+        ctype, _, params = self.headers.get("Content-Type", "").partition(";")
+        ctype = ctype.strip().lower()
         if ctype != "application/json":
             raise ApiError(f"send JSON (Content-Type: application/json), not {ctype or 'no content type'}")
+        charset = re.search(r"charset\s*=\s*\"?([^\";\s]*)", params, re.IGNORECASE)
+        if charset and charset.group(1).lower() not in ("utf-8", "utf8"):
+            raise ApiError(f"a body in {charset.group(1)!r}; send JSON as UTF-8 (charset=utf-8)")
+        n = self._length()
         try:
-            n = int(self.headers.get("Content-Length", "0"))
-        except ValueError:
-            raise ApiError("Content-Length is not a number") from None
-        if n < 0 or n > MAX_BODY:
-            raise ApiError(f"a body of {n} bytes; at most {MAX_BODY}", HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
-        raw = self.rfile.read(n) if n else b""
-        if not raw.strip():
-            return {}
-        try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise ApiError(f"the body is not JSON ({e})") from None
-        if not isinstance(body, dict):
-            raise ApiError(f"the body must be a JSON object, not {type(body).__name__}")
-        return body
+            raw = self.rfile.read(n) if n else b""
+        except TimeoutError:
+            raise ApiError(
+                f"the body did not arrive within {self.server.request_timeout:g} s; send a request whole at once",
+                HTTPStatus.REQUEST_TIMEOUT,
+            ) from None
+        if len(raw) < n:
+            raise ApiError(f"the body ended after {len(raw)} of the {n} bytes its Content-Length says")
+        return api_json.parse(raw, max_items=self.server.max_items)
 
     def _host_ok(self) -> bool:
         host = self.headers.get("Host", "")
@@ -221,7 +335,7 @@ class Handler(BaseHTTPRequestHandler):
             return False
         return name in LOOPBACK
 
-    def _handle(self, routes: dict[str, Callable[[], tuple[int, Any] | None]]) -> None:
+    def _handle(self, routes: dict[str, Callable[..., tuple[int, Any] | None]]) -> None:
         path = urlsplit(self.path).path
         try:
             if not self._host_ok():
@@ -233,7 +347,16 @@ class Handler(BaseHTTPRequestHandler):
                         f"no {self.command} {path}; see android_demo/server.py", HTTPStatus.NOT_FOUND
                     )
                 raise ApiError(f"no page {path}", HTTPStatus.NOT_FOUND)
-            out = route()
+            if self.command == "POST":
+                args: tuple[Any, ...] = (self._body(),)
+            elif self.headers.get("Transfer-Encoding") is not None or self._length():
+                raise ApiError(f"a {self.command} request has no body; send it without one")
+            else:
+                args = ()
+            if not self.server.connections.answering(self.request):
+                self.close_connection = True  # dropped to make room while it trickled in: no one waits for it
+                return
+            out = route(*args)
             if out is not None:
                 self._json(*out)
         except ApiError as e:
@@ -283,26 +406,12 @@ class Handler(BaseHTTPRequestHandler):
         return HTTPStatus.OK, {"points": home.accuracy_by_version(), "version": home.version}
 
     def _pixels(self, body: dict[str, Any]) -> np.ndarray:
-        """The request's "pixels" as the model's input sample, or a ApiError saying what is expected."""
-        shape = self.server.input_shape
-        lo, hi = self.server.input_range
-        want = f"{list(shape)} numbers in [{lo:g}, {hi:g}]"
-        if "pixels" not in body:
-            raise ApiError(f'no "pixels": send the drawing as {want}')
-        try:
-            x = np.asarray(body["pixels"], dtype=np.float64)
-        except (ValueError, TypeError):
-            raise ApiError(f'"pixels" must be nested lists of numbers: {want}') from None
-        if x.shape != shape:
-            if [d for d in x.shape if d != 1] != [d for d in shape if d != 1]:
-                raise ApiError(f'"pixels" of shape {list(x.shape)}; the model takes {want}')
-            x = x.reshape(shape)
-        if not np.all(np.isfinite(x)) or x.min() < lo or x.max() > hi:
-            raise ApiError(f'"pixels" must be {want}')
-        return x.astype(np.float32)
+        """The request's "pixels" as the model's input sample, or an ApiError saying what is expected."""
+        return api_json.pixels(body, self.server.input_shape, tuple(self.server.input_range))
 
-    def _predict(self) -> tuple[int, Any]:
-        x = self._pixels(self._body())
+    def _predict(self, body: dict[str, Any]) -> tuple[int, Any]:
+        api_json.only(body, "/api/predict", "pixels")
+        x = self._pixels(body)
         home = self.server.home
         probs, version = home.predict(x[None], with_version=True)
         p = probs[0]
@@ -314,21 +423,16 @@ class Handler(BaseHTTPRequestHandler):
             "version": version,
         }
 
-    def _add(self) -> tuple[int, Any]:
-        body = self._body()
+    def _add(self, body: dict[str, Any]) -> tuple[int, Any]:
+        api_json.only(body, "/api/add", "pixels", "label")
         x = self._pixels(body)
-        label = body.get("label")
-        if isinstance(label, bool) or not isinstance(label, (int, float)):
-            classes = self.server.classes
-            raise ApiError(
-                '"label" must be a class number' + (f" from 0 to {classes - 1}" if classes else "")
-            )
+        label = api_json.label(body, self.server.classes)
         home = self.server.home
         sid = home.add(x, label)
         return HTTPStatus.OK, {"id": sid, "label": label, "samples": home.sample_count()}
 
-    def _personalize(self) -> tuple[int, Any]:
-        body = self._body()
+    def _personalize(self, body: dict[str, Any]) -> tuple[int, Any]:
+        api_json.only(body, "/api/personalize", "force")
         force = body.get("force", False)
         if not isinstance(force, bool):
             raise ApiError('"force" must be true or false')
@@ -337,23 +441,53 @@ class Handler(BaseHTTPRequestHandler):
         return HTTPStatus.ACCEPTED, {"started": True}
 
 
-def make_server(home: Home, *, port: int = 8765, host: str = "127.0.0.1") -> AppServer:
+def make_server(
+    home: Home,
+    *,
+    port: int = 8765,
+    host: str = "127.0.0.1",
+    request_timeout: float = REQUEST_TIMEOUT,
+    max_connections: int = MAX_CONNECTIONS,
+) -> AppServer:
     """The server, bound and listening but not yet serving (port 0: any free port; `.port` tells which). Loopback
-    only: the API has no login, so it must not be reachable from the network."""
+    only: the API has no login, so it must not be reachable from the network. request_timeout: seconds for a
+    request (line, headers and body) to arrive whole; max_connections: connections open at once (a thread each)."""
     if host not in LOOPBACK:
         raise AppError(
             f"host {host!r}: the page is served on the phone itself only ({' or '.join(LOOPBACK)})"
         )
     if not 0 <= port <= 65535:
         raise AppError(f"port {port}: use 1 to 65535, or 0 for any free port")
-    return AppServer(home, ("127.0.0.1", port))
+    if isinstance(request_timeout, bool) or not (
+        isinstance(request_timeout, (int, float)) and 0 < request_timeout <= 3600
+    ):
+        raise AppError(
+            f"request timeout {request_timeout!r}: use seconds above 0 and at most 3600 (default {REQUEST_TIMEOUT:g})"
+        )
+    if isinstance(max_connections, bool) or not (
+        isinstance(max_connections, int) and 1 <= max_connections <= 10_000
+    ):
+        raise AppError(
+            f"max connections {max_connections!r}: use a whole number from 1 to 10000 (default {MAX_CONNECTIONS})"
+        )
+    return AppServer(
+        home, ("127.0.0.1", port), request_timeout=request_timeout, max_connections=max_connections
+    )
 
 
 def serve(
-    home: Home, *, port: int = 8765, host: str = "127.0.0.1", ready: Callable[[int], Any] | None = None
+    home: Home,
+    *,
+    port: int = 8765,
+    host: str = "127.0.0.1",
+    ready: Callable[[int], Any] | None = None,
+    request_timeout: float = REQUEST_TIMEOUT,
+    max_connections: int = MAX_CONNECTIONS,
 ) -> None:
     """Serves the page until Ctrl-C; `ready` (if given) gets the bound port once the server listens."""
-    server = make_server(home, port=port, host=host)
+    server = make_server(
+        home, port=port, host=host, request_timeout=request_timeout, max_connections=max_connections
+    )
     try:
         print(f"open {server.url} in the phone's browser (Ctrl-C stops)", flush=True)
         if ready is not None:
