@@ -337,7 +337,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=os.path.join(ROOT, "docs", "page_server.md"), help="the Markdown file")
     argv = sys.argv[1:] if argv is None else argv
     args = p.parse_args(argv)
-    runs = [("now", siege(args))]
+    git = ["git", "-C", ROOT]
+    head = subprocess.run(
+        [*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    code = ["android_demo/*.py", "android_demo/static"]
+    dirty = subprocess.run(
+        [*git, "status", "--porcelain", "--", *code], capture_output=True, text=True
+    ).stdout
+    runs = [(f"now (git {head or '?'}{' + changes to android_demo' if dirty.strip() else ''})", siege(args))]
     if args.before:
         rev = subprocess.run(
             ["git", "-C", ROOT, "rev-parse", "--short", args.before],
