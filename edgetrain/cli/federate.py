@@ -1,8 +1,9 @@
 """`edgetrain federate`: an artifact and a dataset -> a real Flower federation on 127.0.0.1 (one superlink, K
-supernodes, each a device with its own share of the data and its own home), FedAvg rounds with optional personal
-layers and central differential privacy, then DIR/summary.json, DIR/global.etck, DIR/global.onnx and
-DIR/accuracy.png; a line per round while it runs, a readable summary at the end; every process stopped after.
-(The command's arguments are in edgetrain.cli.parser.)"""
+supernodes, each a device with its own share of the data and its own home), or with --simulate K simulated devices
+on Flower's simulation engine (each drawing its own non-IID samples of the data), FedAvg rounds with optional
+personal layers and central differential privacy, then DIR/summary.json, DIR/global.etck, DIR/global.onnx and
+DIR/accuracy.png; a line per round while it runs, a readable summary at the end (a simulation's with its speed and
+peak memory); every process stopped after. (The command's arguments are in edgetrain.cli.parser.)"""
 
 from __future__ import annotations
 
@@ -15,20 +16,36 @@ from typing import Any
 
 import numpy as np
 
+from edgetrain.core.container import atomic_write
 from edgetrain.core.errors import EdgeTrainError, UsageError
 from edgetrain.federated.common import partition
 from edgetrain.federated.deploy import APP_DIR, Deployment
 from edgetrain.runtime.feeding import DataOptions, open_feed
 from edgetrain.runtime.progress import duration, percent
+from edgetrain.runtime.trainer import session_batch
 
 from .common import open_session
 
 
 def _check(args: argparse.Namespace) -> None:
-    for flag in ("clients", "rounds", "local_epochs", "local_steps"):
-        v = getattr(args, flag)
+    for flag in (
+        "clients",
+        "rounds",
+        "local_epochs",
+        "local_steps",
+        "clients_per_round",
+        "sim_samples",
+        "sim_workers",
+    ):
+        v = getattr(args, flag, None)
         if v is not None and v < 1:
             raise UsageError(f"--{flag.replace('_', '-')} must be a positive integer, got {v}")
+    if args.clients_per_round is not None and args.clients_per_round > args.clients:
+        raise UsageError(
+            f"--clients-per-round {args.clients_per_round} is more than --clients {args.clients}"
+        )
+    if args.seed < 0:
+        raise UsageError(f"--seed must be >= 0, got {args.seed}")
     if (args.dp_noise is None) != (args.dp_clip is None):
         raise UsageError("differential privacy needs both --dp-noise and --dp-clip")
     if args.dp_noise is not None and (args.dp_noise <= 0 or args.dp_clip <= 0):
@@ -48,7 +65,7 @@ def _clients(args: argparse.Namespace, sess, out: str) -> list[dict[str, Any]]:
     feed = open_feed(args.data, "train", sess, DataOptions())
     for note in feed.notices:
         print(f"note: {note}", file=sys.stderr)
-    parts = partition(feed.view, args.clients, args.partition, seed=args.seed)
+    parts = partition(feed.view, args.clients, args.partition or "iid", seed=args.seed)
     nodes = []
     for k, idx in enumerate(parts):
         home = os.path.join(out, "clients", f"client-{k}")
@@ -69,7 +86,6 @@ def run_federate(args: argparse.Namespace) -> int:
     if os.path.exists(os.path.join(out, "summary.json")):
         raise UsageError(f"{out} holds the results of an earlier federation: pick a new --out folder")
     os.makedirs(out, exist_ok=True)
-    nodes = _clients(args, sess, out)
     run_config = {
         "artifact": os.path.abspath(args.artifact),
         "rounds": args.rounds,
@@ -84,21 +100,120 @@ def run_federate(args: argparse.Namespace) -> int:
         "min-clients": args.clients,
         "seed": args.seed,
     }
+    if args.clients_per_round:
+        run_config["clients-per-round"] = args.clients_per_round
+    t0 = time.perf_counter()
+    progress = _Progress(out, args.rounds)
+    if args.simulate:
+        speed = _simulate(args, sess, out, run_config, progress)
+    else:
+        _deploy(args, sess, out, run_config, progress)
+        speed = None
+    progress.flush()
+    seconds = time.perf_counter() - t0
+    summary = json.load(open(os.path.join(out, "summary.json"), encoding="utf-8"))
+    if speed is not None:  # the server app wrote the rest; the speed and memory are the launcher's to measure
+        summary["simulation"] = {**speed, **_speed(summary, seconds)}
+        atomic_write(
+            os.path.join(out, "summary.json"), json.dumps(summary, indent=2, allow_nan=False).encode()
+        )
+    png = _plot(summary, out)
+    _print_summary(summary, out, png, seconds)
+    return 0
+
+
+def _deploy(args: argparse.Namespace, sess, out: str, run_config: dict[str, Any], progress) -> None:
+    nodes = _clients(args, sess, out)
     sizes = ", ".join(str(len(_samples(n["data"]))) for n in nodes)
     print(
-        f"federating {args.artifact}: {args.clients} clients ({args.partition}; {sizes} samples), "
+        f"federating {args.artifact}: {args.clients} clients ({args.partition or 'iid'}; {sizes} samples), "
         f"{args.rounds} rounds on a Flower deployment on 127.0.0.1 (logs in {_shown(os.path.join(out, 'flower'))})",
         file=sys.stderr,
     )
-    t0 = time.perf_counter()
-    progress = _Progress(out, args.rounds)
     with Deployment(os.path.join(out, "flower"), nodes) as d:
         d.run(APP_DIR, run_config, on_line=progress)
-    progress.flush()
-    summary = json.load(open(os.path.join(out, "summary.json"), encoding="utf-8"))
-    png = _plot(summary, out)
-    _print_summary(summary, out, png, time.perf_counter() - t0)
-    return 0
+
+
+def _simulate(
+    args: argparse.Namespace, sess, out: str, run_config: dict[str, Any], progress
+) -> dict[str, Any]:
+    """The run on Flower's simulation engine: each simulated device takes its own draw of --data (see
+    edgetrain.federated.simulation) and its home in OUT/clients; returns how the run was set up and its peak
+    memory."""
+    from edgetrain.federated.simulation import Simulation, shard  # Ray is needed only here
+
+    scheme = args.partition or "label-skew"
+    feed = open_feed(args.data, "train", sess, DataOptions())
+    for note in feed.notices:
+        print(f"note: {note}", file=sys.stderr)
+    n, samples = feed.view.size(), args.sim_samples
+    if samples > n:
+        raise UsageError(f"--sim-samples {samples} is more than the {n} samples of {args.data}")
+    shard(
+        feed.view.labels(), 0, samples=samples, scheme=scheme, seed=args.seed
+    )  # refuses what cannot be drawn
+    held_out = int(round(0.2 * samples))  # as each device splits its own data (client.py: val-fraction)
+    batch = session_batch(sess) or 32
+    if samples - held_out < batch:
+        raise UsageError(
+            f"--sim-samples {samples} leaves each device {samples - held_out} samples to train on after the fifth "
+            f"it holds out, less than the artifact's batch of {batch}: ask for at least {-(-batch * 5 // 4)}"
+        )
+    workers = args.sim_workers or max(1, min(os.cpu_count() or 1, 4))
+    per_round = args.clients_per_round or args.clients
+    run_config.update(
+        {
+            "sim-data": os.path.abspath(args.data),
+            "sim-partition": scheme,
+            "sim-samples": samples,
+            "sim-home": os.path.join(out, "clients"),
+        }
+    )
+    print(
+        f"federating {args.artifact}: {args.clients:,} simulated clients ({scheme}; {samples} samples each, "
+        f"drawn from {args.data}), {per_round:,} a round, {args.rounds} rounds on Flower's simulation engine "
+        f"(Ray, {workers} workers; logs in {_shown(os.path.join(out, 'flower'))})",
+        file=sys.stderr,
+    )
+    with Simulation(os.path.join(out, "flower"), clients=args.clients, workers=workers) as sim:
+        sim.run(APP_DIR, run_config, on_line=progress)
+    return {
+        "engine": "Flower's simulation engine (Ray backend)",
+        "clients": args.clients,
+        "clients_per_round": per_round,
+        "partition": scheme,
+        "samples_per_client": samples,
+        "workers": workers,
+        "peak_rss_bytes": sim.peak_rss,
+        "peak_pss_bytes": sim.peak_pss,
+        "peak_processes": sim.memory.peak_processes,
+    }
+
+
+def _speed(summary: dict, seconds: float) -> dict[str, Any]:
+    """Rounds and clients a minute, from the rounds' own times (the server's, round by round; the first round
+    includes starting Ray's workers) and the replies each round had."""
+    rounds = summary.get("rounds", [])
+    replies: dict[int, int] = {}
+    for c in summary.get("clients", []):
+        for r in c.get("rounds", []):
+            replies[int(r["round"])] = replies.get(int(r["round"]), 0) + 1
+    busy = sum(float(r.get("seconds", 0.0)) for r in rounds)
+    later = [r for r in rounds if r.get("round", 0) > 1]
+    later_busy = sum(float(r.get("seconds", 0.0)) for r in later)
+    return {
+        "seconds": round(seconds, 3),
+        "rounds_seconds": round(busy, 3),
+        "replies_per_round": [replies.get(int(r["round"]), 0) for r in rounds],
+        "rounds_per_minute": round(60 * len(rounds) / busy, 3) if busy else None,
+        "clients_per_minute": round(60 * sum(replies.values()) / busy, 1) if busy else None,
+        "rounds_per_minute_after_first": round(60 * len(later) / later_busy, 3) if later_busy else None,
+        "clients_per_minute_after_first": (
+            round(60 * sum(replies.get(int(r["round"]), 0) for r in later) / later_busy, 1)
+            if later_busy
+            else None
+        ),
+    }
 
 
 def _samples(path: str):
@@ -161,8 +276,13 @@ def _plot(summary: dict, out: str) -> str | None:
         xs, ys = zip(*glob)
         # a wide grey band under the clients: where they coincide with it, it shows around them
         ax.plot(xs, ys, color="0.3", lw=6, alpha=0.3, marker="s", ms=10, zorder=2, label=label)
-    _draw_clients(ax, clients)
-    rounds = sorted({x for x, _ in glob} | {x for s in clients.values() for x, _ in s})
+    if len(clients) > len(CLIENT_MARKERS):  # a crowd: the spread of the round's clients, not a line each
+        band = _client_band(summary)
+        _draw_band(ax, band)
+        rounds = sorted({x for x, _ in glob} | set(band))
+    else:
+        _draw_clients(ax, clients)
+        rounds = sorted({x for x, _ in glob} | {x for s in clients.values() for x, _ in s})
     ax.set_xticks(rounds)
     ax.set_xlim(min(rounds) - 0.4, max(rounds) + 0.4)
     ax.set_ylim(0, 104)
@@ -206,25 +326,43 @@ def _client_series(summary: dict) -> dict[int, list[tuple[int, float]]]:
     return series
 
 
+def _client_band(summary: dict) -> dict[int, list[float]]:
+    """Round -> the accuracies (%) of the round's clients on their own held-out data after training in it; round 0:
+    the first round's clients before it (the initial model on their data)."""
+    band: dict[int, list[float]] = {}
+    for c in summary["clients"]:
+        for r in c.get("rounds", []):
+            before, after = r.get("val-accuracy-before"), r.get("val-accuracy-after")
+            if int(r.get("round", 0)) == 1 and before is not None and before >= 0:
+                band.setdefault(0, []).append(100 * before)
+            if after is not None and after >= 0:
+                band.setdefault(int(r["round"]), []).append(100 * after)
+    return dict(sorted(band.items()))
+
+
+def _draw_band(ax, band: dict[int, list[float]]) -> None:
+    if not band:
+        return
+    xs = list(band)
+    q = {p: [float(np.percentile(band[x], p)) for x in xs] for p in (10, 25, 50, 75, 90)}
+    n = max(len(v) for v in band.values())
+    ax.fill_between(
+        xs, q[10], q[90], color="C0", alpha=0.15, lw=0, zorder=3, label="clients: 10-90% of a round's"
+    )
+    ax.fill_between(xs, q[25], q[75], color="C0", alpha=0.3, lw=0, zorder=3, label="clients: 25-75%")
+    ax.plot(
+        xs, q[50], color="C0", lw=1.5, marker="o", ms=4, zorder=4,
+        label=f"clients: median (their own held-out data, up to {n:,} a round)",
+    )  # fmt: skip
+
+
 def _draw_clients(ax, clients: dict[int, list[tuple[int, float]]]) -> None:
-    many = len(clients) > len(CLIENT_MARKERS)
-    shift = 0.0 if many else min(0.08, 0.5 / max(len(clients), 1))
+    shift = min(0.08, 0.5 / max(len(clients), 1))
     for k, (cid, points) in enumerate(sorted(clients.items())):
         if not points:
             continue
         xs = [x + (k - (len(clients) - 1) / 2) * shift for x, _ in points]
         ys = [y for _, y in points]
-        if many:  # a crowd: one grey label for all of them
-            ax.plot(
-                xs,
-                ys,
-                color="0.6",
-                lw=0.8,
-                alpha=0.6,
-                zorder=3,
-                label="clients, their own held-out data" if k == 0 else None,
-            )
-            continue
         ax.plot(
             xs, ys, color=f"C{k}", lw=1.3, marker=CLIENT_MARKERS[k], ms=5, zorder=3,
             label=f"client {cid}, its own held-out data",
@@ -232,16 +370,27 @@ def _draw_clients(ax, clients: dict[int, list[tuple[int, float]]]) -> None:
 
 
 def _print_summary(s: dict, out: str, png: str | None, seconds: float) -> None:
-    head = f"federated {len(s['rounds'])} rounds with {len(s['clients'])} clients in {duration(seconds)}"
+    sim = s.get("simulation")
+    who = f"{len(s['clients'])} clients"
+    if sim:
+        who = f"{len(s['clients']):,} of {sim['clients']:,} simulated clients"
+    head = f"federated {len(s['rounds'])} rounds with {who} in {duration(seconds)}"
     if s.get("initial_val_accuracy") is not None:
         before, after = percent(s["initial_val_accuracy"]), percent(s["final_val_accuracy"])
         head += f": global validation accuracy {before} -> {after}"
     print(head)
-    for c in s["clients"]:
+    if sim:
+        _print_speed(sim)
+    shown = s["clients"] if len(s["clients"]) <= len(CLIENT_MARKERS) else s["clients"][:3]
+    if len(shown) < len(s["clients"]):
+        _print_spread(s)
+    for c in shown:
         print(
             f"  client {c['id']}: {c['num_examples']:,} samples; its own validation "
             f"{percent(c['local_val_accuracy_before'])} -> {percent(c['local_val_accuracy_after'])}"
         )
+    if len(shown) < len(s["clients"]):
+        print(f"  ... and {len(s['clients']) - len(shown):,} more clients in summary.json")
     if s.get("personal"):
         print(
             f"  personal    {len(s['personal'])} parameters stayed on the devices: {', '.join(s['personal'][:6])}"
@@ -262,6 +411,43 @@ def _print_summary(s: dict, out: str, png: str | None, seconds: float) -> None:
         f"  summary     {_shown(os.path.join(out, 'summary.json'))}"
         + (f"; plot {_shown(png)}" if png else "")
     )
+
+
+def _print_speed(sim: dict) -> None:
+    replies = sim.get("replies_per_round") or []
+    each = f"{replies[0]:,}" if replies and len(set(replies)) == 1 else "/".join(map(str, replies))
+    print(
+        f"  speed       {sim['rounds_per_minute']:.2f} rounds a minute, {sim['clients_per_minute']:,.0f} clients a "
+        f"minute ({each} a round, {sim['workers']} Ray workers; the rounds {duration(sim['rounds_seconds'])} of "
+        f"{duration(sim['seconds'])})"
+    )
+    print(
+        f"  memory      peak {_mib(sim['peak_rss_bytes'])} RSS summed over {sim['peak_processes']} processes "
+        f"({_mib(sim['peak_pss_bytes'])} PSS: shared pages counted once)"
+    )
+
+
+def _print_spread(s: dict) -> None:
+    """The clients' own accuracies as quartiles: the first they had and the last."""
+    before = [
+        c["local_val_accuracy_before"] for c in s["clients"] if c["local_val_accuracy_before"] is not None
+    ]
+    after = [c["local_val_accuracy_after"] for c in s["clients"] if c["local_val_accuracy_after"] is not None]
+    if not after:
+        return
+
+    def spread(v: list[float]) -> str:
+        lo, mid, hi = np.percentile(v, [25, 50, 75])
+        return f"median {percent(mid)} (quartiles {percent(lo)}-{percent(hi)})"
+
+    print(
+        f"  clients     {len(s['clients']):,} took part; their own validation before their first round "
+        f"{spread(before) if before else '?'}, after their last {spread(after)}"
+    )
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
 def _shown(path: str) -> str:

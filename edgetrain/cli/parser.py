@@ -356,22 +356,50 @@ def _add_federate(sub, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
         "federate",
         parents=[common],
-        help="federated training or personalization over K devices, on a real Flower deployment (127.0.0.1)",
+        help="federated training or personalization over K devices, on a real Flower deployment (127.0.0.1) "
+        "or, with --simulate, on Flower's simulation engine (thousands of devices on one machine)",
     )
     p.add_argument("artifact", help="a training artifact (.etrain) from `edgetrain convert`")
     p.add_argument(
-        "--data", required=True, help="the data to share out among the clients (as `train --data`)"
+        "--data",
+        required=True,
+        help="the data to share out among the clients (as `train --data`); with --simulate, the data each "
+        "simulated device draws its own samples from",
     )
-    p.add_argument("--clients", type=int, required=True, help="devices (Flower supernodes) to start")
+    p.add_argument(
+        "--clients", type=int, required=True, help="devices (Flower supernodes, or simulated ones) to start"
+    )
     p.add_argument("--rounds", type=int, required=True, help="federated rounds")
+    p.add_argument(
+        "--clients-per-round",
+        type=int,
+        metavar="N",
+        help="devices sampled each round (default: all of them)",
+    )
     g = p.add_mutually_exclusive_group()
     g.add_argument("--local-epochs", type=int, help="local epochs per round (default 1)")
     g.add_argument("--local-steps", type=int, help="local steps per round, instead of epochs")
     p.add_argument(
         "--partition",
         choices=["iid", "label-skew"],
-        default="iid",
-        help="iid, or label-skew: each client sees mostly a few classes, as real users do (default iid)",
+        help="iid, or label-skew: each client sees mostly a few classes, as real users do (default iid; with "
+        "--simulate label-skew)",
+    )
+    s = p.add_argument_group("simulation (Flower's simulation engine, its Ray backend, on this machine)")
+    s.add_argument(
+        "--simulate",
+        action="store_true",
+        help="simulate the --clients devices on this machine instead of starting a process for each: each draws "
+        "--sim-samples samples of --data of its own (label-skew: its own class mix) and keeps its own folder",
+    )
+    s.add_argument(
+        "--sim-samples", type=int, default=40, metavar="N", help="samples per simulated device (default 40)"
+    )
+    s.add_argument(
+        "--sim-workers",
+        type=int,
+        metavar="N",
+        help="simulated devices that train at once, one CPU each (default: this machine's CPUs, at most 4)",
     )
     p.add_argument(
         "--val-data", help="server-side validation data for the global model (an MNIST folder: t10k)"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -26,10 +27,11 @@ from edgetrain.core.errors import ConfigError, EdgeTrainError, NonFiniteError
 from edgetrain.runtime import TrainingSession
 from edgetrain.runtime.feeding import DataOptions, open_feed
 from edgetrain.runtime.trainer import evaluate, session_batch
-from loaders import DataError, DataLoader, split
+from loaders import DataError, DataLoader, SubsetView, split
 
-from .common import CHECK_KEY, from_records, patterns, personal_names, readers_of, to_records
+from .common import CHECK_KEY, RUN_DEFAULTS, from_records, patterns, personal_names, readers_of, to_records
 from .privacy import CLIENT_MODS
+from .simulation import shard
 
 app = ClientApp(mods=CLIENT_MODS)  # SecAgg+ and local DP, when the run asks for them (privacy.py)
 REFUSED = 1  # Error code of a round this device refuses (another artifact, other parameters, unusable data)
@@ -43,7 +45,7 @@ class RoundRefused(ConfigError):
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     try:
-        content = run_round(msg.content, dict(context.node_config))
+        content = run_round(msg.content, device_config(context.node_config, context.run_config))
     except (EdgeTrainError, DataError, ValueError, OSError) as e:  # the device's own faults: refuse, say why
         return Message(Error(code=REFUSED, reason=_reason(context, e)), reply_to=msg)
     return Message(content=content, reply_to=msg)
@@ -51,6 +53,40 @@ def train(msg: Message, context: Context) -> Message:
 
 def _reason(context: Context, e: Exception) -> str:
     return f"client {context.node_config.get('partition-id', '?')}: {e}"
+
+
+def device_config(node: Mapping[str, Any], run: Mapping[str, Any]) -> dict[str, Any]:
+    """This device's settings. A real device's node config names its artifact, data and home. A node of Flower's
+    simulation engine holds only partition-id and num-partitions: it takes the run's artifact, its own shard of the
+    run's sim-data (edgetrain.federated.simulation.shard: sim-samples samples drawn by sim-partition, seeded by the
+    run's seed and its partition id) and the home sim-home/client-K."""
+    node = dict(node)
+    if "artifact" in node or "data" in node or "home" in node:
+        missing = [k for k in ("artifact", "data", "home") if k not in node]
+        if missing:
+            raise RoundRefused(f"this device's node config names no {' or '.join(missing)}")
+        return node
+    cfg = {**RUN_DEFAULTS, **dict(run)}
+    if not cfg["sim-data"] or "partition-id" not in node:
+        raise RoundRefused(
+            "this device's node config names no artifact, data or home, and the run is no simulation (its run "
+            "config names no sim-data)"
+        )
+    pid = int(node["partition-id"])
+    root = str(cfg["sim-home"]) or (os.path.join(str(cfg["out"]), "clients") if cfg["out"] else "")
+    if not root or not cfg["artifact"]:
+        raise RoundRefused("a simulated device needs the run config's artifact and sim-home")
+    return {
+        "partition-id": pid,
+        "artifact": str(cfg["artifact"]),
+        "data": str(cfg["sim-data"]),
+        "home": os.path.join(root, f"client-{pid}"),
+        "shard": {
+            "scheme": str(cfg["sim-partition"]),
+            "samples": int(cfg["sim-samples"]),
+            "seed": int(cfg["seed"]),
+        },
+    }
 
 
 def run_round(content: RecordDict, node: dict[str, Any]) -> RecordDict:
@@ -141,6 +177,8 @@ def _data(sess: TrainingSession, node: dict[str, Any], pid: int):
     feed = open_feed(str(node["data"]), "train", sess, DataOptions())
     share = float(node.get("val-fraction", 0.2))
     view = feed.view
+    if "shard" in node:  # a simulated device: its own draw from the run's dataset
+        view = SubsetView(view, shard(view.labels(), pid, **node["shard"]))
     if view.size() < 2:
         raise RoundRefused(
             f"{node['data']}: {view.size()} sample(s); a device needs at least 2 to train and judge"
