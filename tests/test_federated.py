@@ -139,12 +139,15 @@ def test_a_fresh_model_learns_from_label_skewed_clients(fresh, tmp_path):
 @pytest.mark.slow
 def test_personal_layers_stay_on_the_devices(fresh, tmp_path):
     out = tmp_path / "run"
-    federate(
+    proc = federate(
         fresh, "--data", DIGITS, "--clients", 2, "--rounds", 3, "--partition", "label-skew",
         "--personal", "fc3.*", "--local-epochs", 2, "--out", out,
+        "--aggregate", "median", "--max-update-norm", 1000,  # a robust rule composes with personal layers
     )  # fmt: skip
     s = json.loads((out / "summary.json").read_text())
     assert s["personal"] == ["fc3.weight", "fc3.bias"]
+    assert s["aggregate"]["strategy"] == "FedMedian" and s["aggregate"]["max_update_norm"] == 1000
+    assert "aggregate   median (FedMedian); updates of L2 norm above 1000 refused" in proc.stdout
     for c in s["clients"]:  # what the server received, round by round
         assert all(not any(n.startswith("fc3.") for n in names) for names in c["sent"])
     for _, arrays, log in client_records(out):  # what each device says it sent

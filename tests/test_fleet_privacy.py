@@ -137,3 +137,30 @@ def test_local_dp_clips_the_update_to_its_norm_and_adds_the_noise_its_epsilon_an
         parameters_to_ndarrays(compat.recorddict_to_fitres(off.content, keep_input=True).parameters)[1],
         start[1] + update[1],
     )
+
+
+@pytest.mark.parametrize(
+    "flags,says",
+    [
+        (["--aggregate", "krum", "--secure-aggregation"], "--aggregate krum needs each client's update"),
+        (["--aggregate", "median", "--local-dp", "5"], "--aggregate median needs each client's update"),
+        (
+            ["--secure-aggregation", "--dp-noise", "1", "--dp-clip", "1"],
+            "does not combine with --secure-aggregation",
+        ),
+        (["--local-dp", "0"], "--local-dp is epsilon: it must be positive, got 0"),
+        (["--trim", "0.5", "--aggregate", "trimmed-mean"], "--trim is the share cut off at each end"),
+        (["--max-update-norm", "-1"], "--max-update-norm must be positive, got -1"),
+        (["--min-replies", "0"], "--min-replies must be a positive integer, got 0"),
+    ],
+)
+def test_the_fleet_options_refuse_what_does_not_work_before_starting_anything(flags, says, tmp_path):
+    from test_cli import cli
+
+    data = ROOT / "edgetrain" / "data" / "digits"
+    art = ROOT / "no-artifact-needed.etrain"  # refused before the artifact is opened
+    proc = cli(
+        "federate", art, "--data", data, "--clients", 3, "--rounds", 1, "--out", tmp_path / "o", *flags
+    )
+    assert proc.returncode == 2 and says in proc.stderr, proc.stderr
+    assert not (tmp_path / "o").exists()

@@ -27,6 +27,41 @@ from edgetrain.runtime.trainer import session_batch
 from .common import open_session
 
 
+def _check_robustness(args: argparse.Namespace) -> None:
+    """The door's, the rule's and the privacy options: each in its range, and only in combinations that work."""
+    if args.byzantine < 0:
+        raise UsageError(f"--byzantine must be 0 or more, got {args.byzantine}")
+    if not 0.0 <= args.trim < 0.5:
+        raise UsageError(f"--trim is the share cut off at each end: from 0 to below 0.5, got {args.trim:g}")
+    if args.max_update_norm is not None and not args.max_update_norm > 0:
+        raise UsageError(f"--max-update-norm must be positive, got {args.max_update_norm:g}")
+    if args.min_replies is not None and args.min_replies < 1:
+        raise UsageError(f"--min-replies must be a positive integer, got {args.min_replies}")
+    if args.local_dp is not None and not args.local_dp > 0:
+        raise UsageError(f"--local-dp is epsilon: it must be positive, got {args.local_dp:g}")
+    if not args.local_dp_clip > 0 or not 0 < args.local_dp_delta < 1 or not args.secagg_clip > 0:
+        raise UsageError("--local-dp-clip and --secagg-clip must be positive, --local-dp-delta from 0 to 1")
+    private = args.secure_aggregation or args.local_dp is not None
+    if private and args.aggregate != "fedavg":
+        raise UsageError(
+            f"--aggregate {args.aggregate} needs each client's update, which "
+            + (
+                "--secure-aggregation hides"
+                if args.secure_aggregation
+                else "Flower's local-DP path does not keep"
+            )
+            + ": use it without them, or --aggregate fedavg"
+        )
+    if private and args.dp_noise is not None:
+        raise UsageError(
+            "central DP (--dp-noise) does not combine with --secure-aggregation or --local-dp: pick one"
+        )
+    if args.secure_aggregation and (args.clients_per_round or args.clients) < 3:
+        raise UsageError(
+            "--secure-aggregation needs at least 3 clients a round (SecAgg+ shares keys among them)"
+        )
+
+
 def _check(args: argparse.Namespace) -> None:
     for flag in (
         "clients",
@@ -40,6 +75,7 @@ def _check(args: argparse.Namespace) -> None:
         v = getattr(args, flag, None)
         if v is not None and v < 1:
             raise UsageError(f"--{flag.replace('_', '-')} must be a positive integer, got {v}")
+    _check_robustness(args)
     if args.clients_per_round is not None and args.clients_per_round > args.clients:
         raise UsageError(
             f"--clients-per-round {args.clients_per_round} is more than --clients {args.clients}"
@@ -102,6 +138,20 @@ def run_federate(args: argparse.Namespace) -> int:
     }
     if args.clients_per_round:
         run_config["clients-per-round"] = args.clients_per_round
+    run_config.update(
+        {
+            "aggregate": args.aggregate,
+            "byzantine": args.byzantine,
+            "trim": float(args.trim),
+            "max-update-norm": float(args.max_update_norm or 0.0),
+            "min-replies": args.min_replies or 0,
+            "secure-aggregation": bool(args.secure_aggregation),
+            "secagg-clip": float(args.secagg_clip),
+            "local-dp-epsilon": float(args.local_dp or 0.0),
+            "local-dp-clip": float(args.local_dp_clip),
+            "local-dp-delta": float(args.local_dp_delta),
+        }
+    )
     t0 = time.perf_counter()
     progress = _Progress(out, args.rounds)
     if args.simulate:
@@ -228,7 +278,7 @@ class _Progress:
         self.path, self.rounds, self.seen = os.path.join(out, "progress.jsonl"), rounds, 0
 
     def __call__(self, line: str) -> None:
-        if "refused a reply" in line:
+        if "refused a reply" in line or "skipped, the global model stays" in line:
             print("  " + line.split("INFO")[-1].strip(" :"), file=sys.stderr)
         self.flush()
 
@@ -245,7 +295,16 @@ class _Progress:
             if r["round"] == 0:
                 print(f"round 0/{self.rounds}: the initial model: {what}", file=sys.stderr)
             else:
-                print(f"round {r['round']}/{self.rounds}: {what} ({duration(r['seconds'])})", file=sys.stderr)
+                door = ""
+                if r.get("refused") or r.get(
+                    "skipped"
+                ):  # the door's count: said only when it refused something
+                    door = f"; {r.get('accepted', 0)} of {r.get('replies', 0)} replies accepted"
+                    door += ", round skipped" if r.get("skipped") else ""
+                print(
+                    f"round {r['round']}/{self.rounds}: {what} ({duration(r['seconds'])}{door})",
+                    file=sys.stderr,
+                )
         self.seen = len(lines)
 
 
@@ -401,8 +460,31 @@ def _print_summary(s: dict, out: str, png: str | None, seconds: float) -> None:
             f"  privacy     {p['mechanism']}: noise multiplier {p['noise_multiplier']:g}, clipping norm "
             f"{p['clipping_norm']:g} (noise stddev {p['noise_stddev']:g})"
         )
-    for r in s.get("refused", []):
+    if s.get("secure_aggregation"):
+        q = s["secure_aggregation"]
+        print(
+            f"  secure      {q['protocol']}: the server saw only each round's sum; parameters clipped to "
+            f"+-{q['clipping_range']:g} and quantized to {q['quantization_range']:,} levels"
+        )
+    if s.get("local_dp"):
+        d = s["local_dp"]
+        print(
+            f"  local DP    {d['mechanism']}: epsilon {d['epsilon']:g}, delta {d['delta']:g} per round, updates "
+            f"clipped to {d['clipping_norm']:g} (noise stddev {d['noise_stddev']:.3g})"
+        )
+    rule = s.get("aggregate") or {}
+    if rule.get("rule", "fedavg") != "fedavg" or rule.get("max_update_norm"):
+        what = f"{rule.get('rule')} ({rule.get('strategy')})"
+        if rule.get("max_update_norm"):
+            what += f"; updates of L2 norm above {rule['max_update_norm']:g} refused"
+        print(f"  aggregate   {what}")
+    refused = s.get("refused", [])
+    for r in refused[:10]:
         print(f"  refused     round {r['round']}, node {r['node']}: {r['reason']}")
+    if len(refused) > 10:
+        print(f"  ... and {len(refused) - 10:,} more refused replies in summary.json")
+    for r in s.get("skipped", []):
+        print(f"  skipped     round {r['round']}: {r['reason']}")
     print(
         f"  global      {_shown(s['global_checkpoint'])}"
         + (f" and {_shown(s['global_onnx'])}" if s.get("global_onnx") else "")

@@ -412,6 +412,68 @@ def _add_federate(sub, common: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--dp-noise", type=float, help="central differential privacy: the noise multiplier")
     p.add_argument("--dp-clip", type=float, help="... and the clipping norm of each client's update")
+    r = p.add_argument_group("robustness (the server's door and its aggregation rule)")
+    r.add_argument(
+        "--aggregate",
+        choices=[
+            "fedavg",
+            "median",
+            "trimmed-mean",
+            "krum",
+            "multi-krum",
+            "bulyan",
+        ],  # federated.common.AGGREGATES
+        default="fedavg",
+        help="how accepted replies become the global model (Flower's strategies): fedavg (weighted by samples); "
+        "median and trimmed-mean, per coordinate; krum, the one reply closest to its neighbours; multi-krum, the "
+        "mean of the closest n - f; bulyan (default fedavg)",
+    )
+    r.add_argument(
+        "--byzantine",
+        type=int,
+        default=0,
+        metavar="F",
+        help="hostile clients a round the rule must withstand (krum, multi-krum, bulyan; default: as many as "
+        "the round's replies allow)",
+    )
+    r.add_argument(
+        "--trim", type=float, default=0.2, help="trimmed-mean: the share cut off at each end (default 0.2)"
+    )
+    r.add_argument(
+        "--max-update-norm",
+        type=float,
+        metavar="NORM",
+        help="refuse a reply whose update (its parameters minus the global model's) has a larger L2 norm",
+    )
+    r.add_argument(
+        "--min-replies",
+        type=int,
+        metavar="N",
+        help="skip a round (the global model stays) with fewer accepted replies (default 1)",
+    )
+    q = p.add_argument_group("privacy (Flower's SecAgg+ and LocalDpMod)")
+    q.add_argument(
+        "--secure-aggregation",
+        action="store_true",
+        help="SecAgg+: each device masks its update, the server sees only the round's sum (with fedavg)",
+    )
+    q.add_argument(
+        "--secagg-clip",
+        type=float,
+        default=8.0,
+        help="SecAgg+: parameters are clipped to +-this before quantization (default 8)",
+    )
+    q.add_argument(
+        "--local-dp",
+        type=float,
+        metavar="EPSILON",
+        help="client-side differential privacy: each device clips its update and adds Gaussian noise for this "
+        "epsilon (per round) before sending it",
+    )
+    q.add_argument(
+        "--local-dp-clip", type=float, default=1.0, help="... the L2 norm updates are clipped to (default 1)"
+    )
+    q.add_argument("--local-dp-delta", type=float, default=1e-5, help="... and delta (default 1e-5)")
     p.add_argument("--lr", type=float, help="the clients' learning rate (default: the artifact's)")
     p.add_argument("--seed", type=int, default=0, help="the split of the data (default 0)")
     p.add_argument(
