@@ -470,10 +470,35 @@ def json_shape(text: bytes) -> tuple[int, int]:
     return deepest, items
 
 
+# An integer of more digits is beyond any float, and any size, count or setting a file holds: code that reads it
+# as a number would fail with an OverflowError far from here.
+MAX_INT_DIGITS = 300
+
+
+class _HugeInt:
+    """Where json.loads met an integer of more than MAX_INT_DIGITS digits (found again by _where_huge)."""
+
+    def __init__(self, digits: int):
+        self.digits = digits
+
+
+def _where_huge(value: Any, at: str = "") -> tuple[str, _HugeInt] | None:
+    """The path ('header.optimizer.lr') of the first _HugeInt in a parsed JSON value, and it."""
+    if isinstance(value, _HugeInt):
+        return at, value
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for k, v in items:
+        found = _where_huge(v, f"{at}[{k}]" if isinstance(k, int) else f"{at}.{k}" if at else str(k))
+        if found is not None:
+            return found
+    return None
+
+
 def parse_json(path: str, text: bytes, *, what: str, max_bytes: int) -> Any:
     """Bounded json.loads of UTF-8 text: at most max_bytes, max_bytes // HEADER_BYTES_PER_ITEM items,
-    MAX_JSON_DEPTH deep. ArtifactError (ArtifactLimitError for a bound) naming path. NaN and Infinity (which the
-    writer never writes) read as floats: the fields that hold numbers are checked where they are used."""
+    MAX_JSON_DEPTH deep, integers of at most MAX_INT_DIGITS digits. ArtifactError (ArtifactLimitError for a
+    bound) naming path. NaN and Infinity (which the writer never writes) read as floats: the fields that hold
+    numbers are checked where they are used."""
     if len(text) > max_bytes:
         raise ArtifactLimitError(
             f"'{path}': its {what} is {len(text)} bytes of JSON, more than the {max_bytes} edgetrain reads "
@@ -506,12 +531,29 @@ def parse_json(path: str, text: bytes, *, what: str, max_bytes: int) -> Any:
             needed=items,
             path=path,
         )
+    huge: list[_HugeInt] = []
+
+    def bounded_int(digits: str) -> Any:
+        n = len(digits.lstrip("-"))
+        if n > MAX_INT_DIGITS:
+            huge.append(_HugeInt(n))
+            return huge[-1]
+        return int(digits)
+
     try:
-        return json.loads(text.decode("utf-8"))
+        value = json.loads(text.decode("utf-8"), parse_int=bounded_int)
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise _fail(
             path, f"is corrupt: its {what} does not decode ({short(str(e), 200)}); the file was damaged"
         ) from None
+    if huge:
+        where, first = _where_huge(value) or ("?", huge[0])
+        raise _fail(
+            path,
+            f"is corrupt: its {what} holds an integer of {first.digits} digits at {short(where, 200)}, beyond "
+            f"any number an edgetrain file holds (at most {MAX_INT_DIGITS} digits); it is damaged or hostile",
+        )
+    return value
 
 
 Entry = tuple[
@@ -718,13 +760,7 @@ def read_container(
             raise
         except OSError as e:  # an I/O error midway, a file that cannot be mapped
             raise StorageError.of(e, path, "cannot read") from e
-    found = _kind_name(kind_code)
-    if found is None:
-        raise _fail(
-            path,
-            f"is of kind code {kind_code}, which this edgetrain does not know "
-            f"({', '.join(f'{k}={c}' for k, c in KINDS.items())}); upgrade edgetrain",
-        )
+    found = _known_kind(path, kind_code)
     if kind is not None and found != kind:
         raise _fail(
             path,
@@ -732,6 +768,32 @@ def read_container(
             f"{'a training artifact made by `edgetrain convert`' if kind == 'artifact' else 'a checkpoint file'}",
         )
     return header, tensors
+
+
+def _known_kind(path: str, kind_code: int) -> str:
+    found = _kind_name(kind_code)
+    if found is None:
+        raise _fail(
+            path,
+            f"is of kind code {kind_code}, which this edgetrain does not know "
+            f"({', '.join(f'{k}={c}' for k, c in KINDS.items())}); upgrade edgetrain",
+        )
+    return found
+
+
+def file_kind(path: str | os.PathLike) -> str:
+    """The kind of the edgetrain file at path ("artifact" or "checkpoint"), from its 24-byte preamble alone (no
+    header read, no checksum); the errors read_container gives for a file that is none (missing, foreign,
+    truncated, of a newer format or an unknown kind)."""
+    path = os.fspath(path)
+    with _open(path) as f:
+        try:
+            _, kind_code, _ = _preamble(f, path, os.fstat(f.fileno()).st_size)
+        except StorageError:
+            raise
+        except OSError as e:
+            raise StorageError.of(e, path, "cannot read") from e
+    return _known_kind(path, kind_code)
 
 
 def inspect_container(path: str | os.PathLike, *, max_header_bytes: int = MAX_HEADER_BYTES) -> dict[str, Any]:

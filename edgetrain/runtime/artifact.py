@@ -288,7 +288,11 @@ def _initial(
     out = {}
     for name in io["parameters"] + io["state"]:
         if name not in initial:
-            raise _bad(path, f"it holds no initial value for {_short(name)}")
+            raise _bad(
+                path,
+                f"it holds no initial value for {_short(name)} (none among its 'initial' tensors, none declared in "
+                "its 'zeros')",
+            )
         info = program.values.get(name)
         a = initial[name]
         if (

@@ -12,9 +12,12 @@ from typing import Any
 
 import numpy as np
 
-from edgetrain.core.container import read_container
+from edgetrain.core.container import file_kind, read_container, short
+from edgetrain.core.errors import ArtifactError
 
+from .artifact import load_artifact
 from .fused import CHUNK, fusable
+from .training import _checkpoint_fields
 
 
 def _mb(n: float) -> str:
@@ -83,8 +86,28 @@ def step_memory(header: dict[str, Any], tensors: Mapping[str, np.ndarray]) -> di
 def artifact_step_memory(path: str | os.PathLike) -> dict[str, Any]:
     """step_memory of an artifact file (the benchmark sets it beside the RSS it measures)."""
 
-    header, tensors = read_container(path, kind="artifact")
-    return step_memory(header, tensors)
+    art = load_artifact(path)
+    return step_memory(art.header, art.tensors)
+
+
+def _load(path: str | os.PathLike) -> tuple[str, dict[str, Any], dict[str, np.ndarray]]:
+    """(kind, header, tensors) of an artifact or checkpoint, with every field inspect reads checked first: an
+    artifact as load_artifact checks it for a session (and its provenance), a checkpoint's step, lr, program id
+    and user state as load_checkpoint does. A crafted header (a valid checksum is no proof: anyone can recompute
+    it) is an ArtifactError naming the file and the field, never a KeyError halfway through a description."""
+    kind = file_kind(path)
+    if kind == "artifact":
+        art = load_artifact(path)
+        provenance = art.header.get("provenance", {})
+        if not isinstance(provenance, dict):
+            raise ArtifactError(
+                f"'{os.fspath(path)}' is an edgetrain artifact, but its provenance is {short(provenance)}, not an "
+                "object; it is damaged or was not made by edgetrain: rebuild it with `edgetrain convert`"
+            )
+        return kind, art.header, art.tensors
+    header, tensors = read_container(path, kind="checkpoint")
+    _checkpoint_fields(os.fspath(path), header)
+    return kind, header, tensors
 
 
 def _value_bytes(program: dict[str, Any], name: str) -> int:
@@ -96,10 +119,10 @@ def _value_bytes(program: dict[str, Any], name: str) -> int:
 
 
 def describe(path: str | os.PathLike) -> str:
-
-    header, tensors = read_container(path, verify=True)
+    """An artifact or checkpoint file -> what `edgetrain inspect` prints."""
+    kind, header, tensors = _load(path)
     size = os.path.getsize(path)
-    if "program" in header:
+    if kind == "artifact":
         return _describe_artifact(path, header, tensors, size)
     return _describe_checkpoint(path, header, tensors, size)
 
@@ -107,9 +130,9 @@ def describe(path: str | os.PathLike) -> str:
 def summary(path: str | os.PathLike) -> dict[str, Any]:
     """An artifact or checkpoint file -> the facts `edgetrain inspect --json` prints (JSON-ready)."""
 
-    header, tensors = read_container(path, verify=True)
+    kind, header, tensors = _load(path)
     out: dict[str, Any] = {"path": os.fspath(path), "size_bytes": os.path.getsize(path)}
-    if "program" not in header:
+    if kind == "checkpoint":
         return {
             **out,
             "kind": "checkpoint",
@@ -246,10 +269,11 @@ def _user_state_lines(state: Any) -> list[str]:
     if not isinstance(run, dict) or run.get("trainer") != 1:
         text = str(state)
         return [f"user state {text if len(text) <= 200 else text[:200] + ' ...'}"]
-    settings, options = run.get("settings") or {}, run.get("run_options") or {}
-    epoch, loader = run.get("epoch", 0), run.get("loader") or {}
+    # the run's own record, shown as it is: a Trainer that resumes from it checks it in its own words
+    settings, options, loader = (_object(run.get(k)) for k in ("settings", "run_options", "loader"))
+    epoch = run.get("epoch", 0)
     where = f"{epoch} of {settings.get('epochs', options.get('epochs', '?'))} epochs done"
-    position = loader.get("position") if isinstance(loader, dict) else None
+    position = loader.get("position")
     if _is_int(position) and position > 0 and _is_int(epoch):
         where += f", and {position:,} of the {_cell(loader.get('size'), 'd')} samples of epoch {epoch + 1}"
     what = "the best weights of a run, as of its epoch" if "best_of" in state else "a training run"
@@ -308,8 +332,13 @@ def _cell(value: Any, fmt: str) -> str:
         if fmt == "%":
             return f"{100 * float(value):.1f}%"
         return format(value, ",d" if fmt == "d" else fmt)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an int beyond float's range, as a %
         return str(value)[:16]
+
+
+def _object(value: Any) -> dict[str, Any]:
+    """A JSON object of a run's record, or {} for anything else there."""
+    return value if isinstance(value, dict) else {}
 
 
 def _is_int(value: Any) -> bool:
