@@ -172,9 +172,9 @@ def test_two_hundred_phones_on_one_machine(fresh, tmp_path):
     out = tmp_path / "sim"
     t0 = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "edgetrain.cli", "federate", fresh, "--simulate", "--data", DIGITS,
+        [sys.executable, "-m", "edgetrain.cli", *map(str, ("federate", fresh, "--simulate", "--data", DIGITS,
          "--clients", 200, "--clients-per-round", 20, "--rounds", 3, "--local-epochs", 3,
-         "--val-data", DIGITS, "--sim-workers", 2, "--out", out],
+         "--val-data", DIGITS, "--sim-workers", 2, "--out", out))],
         capture_output=True, text=True, timeout=600, cwd=ROOT,
     )  # fmt: skip
     took = time.monotonic() - t0

@@ -237,6 +237,7 @@ def _simulate(
         "peak_rss_bytes": sim.peak_rss,
         "peak_pss_bytes": sim.peak_pss,
         "peak_processes": sim.memory.peak_processes,
+        "cpu_seconds": round(sim.memory.cpu_seconds, 1),
     }
 
 
@@ -498,11 +499,12 @@ def _print_summary(s: dict, out: str, png: str | None, seconds: float) -> None:
 def _print_speed(sim: dict) -> None:
     replies = sim.get("replies_per_round") or []
     each = f"{replies[0]:,}" if replies and len(set(replies)) == 1 else "/".join(map(str, replies))
-    print(
-        f"  speed       {sim['rounds_per_minute']:.2f} rounds a minute, {sim['clients_per_minute']:,.0f} clients a "
-        f"minute ({each} a round, {sim['workers']} Ray workers; the rounds {duration(sim['rounds_seconds'])} of "
-        f"{duration(sim['seconds'])})"
-    )
+    if sim.get("rounds_per_minute") is not None:
+        print(
+            f"  speed       {sim['rounds_per_minute']:.2f} rounds a minute, {sim['clients_per_minute']:,.0f} clients "
+            f"a minute ({each} a round, {sim['workers']} Ray workers; the rounds {duration(sim['rounds_seconds'])} "
+            f"of {duration(sim['seconds'])}, {sim['cpu_seconds']:,.0f} CPU seconds)"
+        )
     print(
         f"  memory      peak {_mib(sim['peak_rss_bytes'])} RSS summed over {sim['peak_processes']} processes "
         f"({_mib(sim['peak_pss_bytes'])} PSS: shared pages counted once)"

@@ -99,6 +99,9 @@ class Simulation(Deployment):
         self.ray_dir = tempfile.mkdtemp(prefix="etsim-")
         super().__init__(workdir, [], start_timeout=start_timeout)
         self._sessions: set[int] = set()
+        self._seen: dict[
+            int, tuple[int, bool, bool]
+        ] = {}  # pid -> (start time, under our home, names Ray's dir)
         self._own_session = os.getsid(0)
         self.left: list[int] = []
         self.seconds = 0.0
@@ -222,14 +225,21 @@ class Simulation(Deployment):
         names Ray's temp folder. Our own process and its session are never in it."""
         found = []
         mark = f"FLWR_HOME={self.env['FLWR_HOME']}\0".encode()
-        for pid, sid, cmdline, environ in _processes():
+        seen, self._seen = self._seen, {}
+        for pid, sid, start in _processes():
             if pid == os.getpid() or sid == self._own_session:
                 continue
-            if mark in environ + b"\0":
+            known = seen.get(pid)
+            if known is not None and known[0] == start:  # a process's environment and command line stay
+                marked, named = known[1], known[2]
+            else:
+                environ, cmdline = _read(pid, "environ"), _read(pid, "cmdline")
+                marked, named = mark in environ + b"\0", self.ray_dir.encode() in cmdline
+            self._seen[pid] = (start, marked, named)
+            if marked:
                 self._sessions.add(sid)
-            elif sid not in self._sessions and self.ray_dir.encode() not in cmdline:
-                continue
-            found.append(pid)
+            if marked or named or sid in self._sessions:
+                found.append(pid)
         return found
 
     @property
@@ -242,7 +252,7 @@ class Simulation(Deployment):
 
 
 def _processes():
-    """(pid, session id, command line, environment) of each live process (zombies left out), from /proc."""
+    """(pid, session id, start time) of each live process (zombies left out), from /proc."""
     try:
         pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
     except OSError:  # no /proc (not Linux): the process groups are all there is
@@ -251,30 +261,33 @@ def _processes():
         try:
             with open(f"/proc/{pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[-1].split()
-            if fields[0] == "Z":
-                continue
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmdline = f.read()
-            try:
-                with open(f"/proc/{pid}/environ", "rb") as f:
-                    environ = f.read()
-            except OSError:
-                environ = b""
-        except (OSError, IndexError):
+            if fields[0] != "Z":
+                yield pid, int(fields[3]), int(fields[19])
+        except (OSError, IndexError, ValueError):
             continue
-        yield pid, int(fields[3]), cmdline, environ
+
+
+def _read(pid: int, what: str) -> bytes:
+    try:
+        with open(f"/proc/{pid}/{what}", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
 
 
 class _MemorySampler:
     """Samples, every `every` seconds in a thread, the memory of this process and of the run's processes
     (`members`: the superlink, the server app, Ray's services and workers): the peak of the summed RSS (resident
-    pages, the pages shared between processes counted in each) and of the summed PSS (shared pages split among
-    their processes: what the run costs the machine)."""
+    pages, the pages shared between processes counted in each), and every `pss_every`-th sample the summed PSS
+    (shared pages split among their processes: what the run costs the machine; the kernel walks every mapping to
+    count it, ~7 ms a Ray worker, so it is sampled less often). Also the CPU time the run's processes used."""
 
-    def __init__(self, members, every: float):
-        self.members, self.every = members, every
+    def __init__(self, members, every: float, pss_every: int = 10):
+        self.members, self.every, self.pss_every = members, every, pss_every
         self.peak_rss = self.peak_pss = 0
         self.peak_processes = 0
+        self._cpu: dict[int, float] = {}  # pid -> CPU seconds last seen (the launcher's own left out)
+        self._samples = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -291,24 +304,52 @@ class _MemorySampler:
         while not self._stop.wait(self.every):
             self.sample()
 
+    @property
+    def cpu_seconds(self) -> float:
+        """CPU time (user and system) the run's processes had used when last seen: what the run cost, whatever
+        else the machine was doing (a process's last moments before it ended are not counted)."""
+        return sum(self._cpu.values())
+
     def sample(self) -> None:
-        pids = [os.getpid(), *self.members()]
-        rss = pss = 0
+        members = self.members()
+        pids = [os.getpid(), *members]
+        rss = 0
         for pid in pids:
-            r, p = _memory(pid)
-            rss, pss = rss + r, pss + p
-        self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)
+            r, cpu = _stat(pid)
+            rss += r
+            if cpu is not None and pid != os.getpid():
+                self._cpu[pid] = max(cpu, self._cpu.get(pid, 0.0))
+        self.peak_rss = max(self.peak_rss, rss)
         self.peak_processes = max(self.peak_processes, len(pids))
+        if self._samples % self.pss_every == 0:
+            self.peak_pss = max(self.peak_pss, sum(_pss(pid) for pid in pids))
+        self._samples += 1
 
 
-def _memory(pid: int) -> tuple[int, int]:
-    """(RSS, PSS) of a process in bytes, from /proc (0, 0 when it is gone or not Linux)."""
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _stat(pid: int) -> tuple[int, float | None]:
+    """(RSS in bytes, CPU seconds) of a process, from /proc/PID/stat ((0, None) when it is gone or not Linux)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[-1].split()
+        return int(fields[21]) * _PAGE, (int(fields[11]) + int(fields[12])) / _TICK
+    except (OSError, IndexError, ValueError):
+        return 0, None
+
+
+def _pss(pid: int) -> int:
+    """PSS of a process in bytes, from /proc/PID/smaps_rollup (0 when it is gone or not Linux)."""
     try:
         with open(f"/proc/{pid}/smaps_rollup") as f:
-            fields = dict(line.split(":", 1) for line in f if ":" in line and not line[0].isdigit())
-        return int(fields["Rss"].split()[0]) * 1024, int(fields["Pss"].split()[0]) * 1024
-    except (OSError, KeyError, ValueError):
-        return 0, 0
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 __all__ = ["ALPHA", "SCHEMES", "FederationError", "Simulation", "shard"]
