@@ -254,4 +254,6 @@ def test_simulation_options_are_checked_before_anything_starts(fresh, tmp_path):
     assert p.returncode == 2 and "is more than the 1050 samples" in p.stderr
     p = federate("--simulate", "--clients", 10, "--sim-samples", 3)
     assert p.returncode == 2 and "less than the artifact's batch" in p.stderr
+    p = federate("--clients", 10, "--sim-samples", 30)
+    assert p.returncode == 2 and "add --simulate" in p.stderr
     assert not (tmp_path / "o" / "flower").exists()

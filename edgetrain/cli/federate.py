@@ -82,6 +82,8 @@ def _check(args: argparse.Namespace) -> None:
         )
     if args.seed < 0:
         raise UsageError(f"--seed must be >= 0, got {args.seed}")
+    if not args.simulate and (args.sim_samples is not None or args.sim_workers is not None):
+        raise UsageError("--sim-samples and --sim-workers set up a simulated run: add --simulate")
     if (args.dp_noise is None) != (args.dp_clip is None):
         raise UsageError("differential privacy needs both --dp-noise and --dp-clip")
     if args.dp_noise is not None and (args.dp_noise <= 0 or args.dp_clip <= 0):
@@ -196,7 +198,7 @@ def _simulate(
     feed = open_feed(args.data, "train", sess, DataOptions())
     for note in feed.notices:
         print(f"note: {note}", file=sys.stderr)
-    n, samples = feed.view.size(), args.sim_samples
+    n, samples = feed.view.size(), args.sim_samples or 40
     if samples > n:
         raise UsageError(f"--sim-samples {samples} is more than the {n} samples of {args.data}")
     shard(

@@ -392,9 +392,7 @@ def _add_federate(sub, common: argparse.ArgumentParser) -> None:
         help="simulate the --clients devices on this machine instead of starting a process for each: each draws "
         "--sim-samples samples of --data of its own (label-skew: its own class mix) and keeps its own folder",
     )
-    s.add_argument(
-        "--sim-samples", type=int, default=40, metavar="N", help="samples per simulated device (default 40)"
-    )
+    s.add_argument("--sim-samples", type=int, metavar="N", help="samples per simulated device (default 40)")
     s.add_argument(
         "--sim-workers",
         type=int,
