@@ -232,7 +232,8 @@ def test_int64_token_ids_train_like_train_step(tmp_path):
 # ---- 2. camera-layout images ----------------------------------------------------------------------------------------
 def test_channels_last_uint8_is_transposed_by_default_with_a_note(camera):
     x, y = camera_data(camera / "train.npz", 48)
-    proc = train(camera / "cam.etrain", "--data", camera / "train.npz", "--no-shuffle")
+    # uint8 for a float input: fed as they are only when asked to (tests/test_integer_inputs.py)
+    proc = train(camera / "cam.etrain", "--data", camera / "train.npz", "--no-shuffle", "--cast")
     notes = [line for line in proc.stderr.splitlines() if line.startswith("note:")]
     transposed = [n for n in notes if "transposed" in n]
     assert len(transposed) == 1 and "[6, 5, 3]" in transposed[0] and "[3, 6, 5]" in transposed[0], notes
@@ -382,7 +383,10 @@ def test_a_conflicting_setting_on_resume_is_a_usage_error(camera, flag, given, r
 
 @pytest.mark.parametrize(
     "first, again",
-    [(["--scale"], ["--scale", "0.00392156862745098"]), (["--val-split", "0.25"], ["--val-split", ".25"])],
+    [
+        (["--scale"], ["--scale", "0.00392156862745098"]),
+        (["--val-split", "0.25", "--cast"], ["--val-split", ".25"]),
+    ],
     ids=["scale-1/255-as-a-decimal", "val-split-spelled-.25"],
 )
 def test_the_same_setting_spelled_otherwise_is_not_a_conflict(camera, first, again):
@@ -397,7 +401,7 @@ def test_raising_epochs_past_the_end_of_a_cosine_does_not_train_silently_at_lr_0
     lr (0): the weights must move, or the command must say the schedule has ended (or refuse)."""
     ckpt = camera / "cos.etck"
     run = [camera / "cam.etrain", "--data", camera / "train.npz", "--checkpoint", ckpt]
-    train(*run, "--epochs", 2, "--lr-schedule", "cosine")
+    train(*run, "--epochs", 2, "--lr-schedule", "cosine", "--cast")
     before = tensors(ckpt)
     proc = cli("train", *run, "--epochs", 4, "--resume")
     if proc.returncode == 2:

@@ -337,7 +337,11 @@ def test_a_home_without_a_pipeline_adopts_the_scale_of_its_first_file(tmp_path):
     digits_npz(tmp_path / "u8.npz", scaled=False)
     digits_npz(tmp_path / "t.npz", scaled=False, split="test")
     ok(android("init", "--artifact", art, home=tmp_path / "a"))
-    proc = ok(android("add", "--data", tmp_path / "u8.npz", home=tmp_path / "a"))
+    proc = android("add", "--data", tmp_path / "u8.npz", home=tmp_path / "a")
+    assert proc.returncode == 1 and "--scale 1/255" in proc.stderr  # uint8 unscaled: refused, naming the fix
+    x, y = digits_npz(tmp_path / "f.npz", scaled=False)
+    np.savez(tmp_path / "f.npz", x=x.astype(np.float32), y=y)  # 0-255 as floats: fed as they are, with a note
+    proc = ok(android("add", "--data", tmp_path / "f.npz", home=tmp_path / "a"))
     assert "--scale 1/255" in proc.stderr  # the note names the fix, which the app now takes
     proc = android("add", "--data", tmp_path / "u8.npz", "--scale", home=tmp_path / "a")
     assert proc.returncode == 1 and "set up a new home" in proc.stderr
