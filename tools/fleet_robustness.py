@@ -88,6 +88,7 @@ def run_rule(
         "out": str(out),
         "min-clients": clients,
         "aggregate": rule,
+        "round-timeout": 300.0,  # Flower's superlink can lose a reply on a busy machine: the round goes on
         **extra,
     }
     t = time.perf_counter()

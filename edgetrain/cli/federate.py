@@ -35,6 +35,8 @@ def _check_robustness(args: argparse.Namespace) -> None:
         raise UsageError(f"--trim is the share cut off at each end: from 0 to below 0.5, got {args.trim:g}")
     if args.max_update_norm is not None and not args.max_update_norm > 0:
         raise UsageError(f"--max-update-norm must be positive, got {args.max_update_norm:g}")
+    if not args.round_timeout > 0:
+        raise UsageError(f"--round-timeout must be a positive number of seconds, got {args.round_timeout:g}")
     if args.min_replies is not None and args.min_replies < 1:
         raise UsageError(f"--min-replies must be a positive integer, got {args.min_replies}")
     if args.local_dp is not None and not args.local_dp > 0:
@@ -147,6 +149,7 @@ def run_federate(args: argparse.Namespace) -> int:
             "trim": float(args.trim),
             "max-update-norm": float(args.max_update_norm or 0.0),
             "min-replies": args.min_replies or 0,
+            "round-timeout": float(args.round_timeout),
             "secure-aggregation": bool(args.secure_aggregation),
             "secagg-clip": float(args.secagg_clip),
             "local-dp-epsilon": float(args.local_dp or 0.0),

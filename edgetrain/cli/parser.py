@@ -449,6 +449,13 @@ def _add_federate(sub, common: argparse.ArgumentParser) -> None:
         metavar="N",
         help="skip a round (the global model stays) with fewer accepted replies (default 1)",
     )
+    r.add_argument(
+        "--round-timeout",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="how long a round waits for replies; a device that has not answered is left out (default 600)",
+    )
     q = p.add_argument_group("privacy (Flower's SecAgg+ and LocalDpMod)")
     q.add_argument(
         "--secure-aggregation",

@@ -22,6 +22,7 @@ Run config (the server's, from `flwr run --run-config`; declared in the app's py
     max-update-norm the door refuses a reply whose update (its parameters minus the global ones) has a larger L2
                     norm (0: no cap)
     min-replies     a round with fewer accepted replies is skipped: the global model stays as it was (0: 1)
+    round-timeout   seconds a round waits for replies; a device that has not answered by then is left out of it
   Privacy:
     secure-aggregation  SecAgg+ (Flower's SecAggPlusWorkflow and secaggplus_mod): the server sees only the sum
     secagg-shares   SecAgg+: the shares each client's secret is split into (0: every client of the round)
@@ -73,6 +74,7 @@ RUN_DEFAULTS = {
     "trim": 0.2,
     "max-update-norm": 0.0,
     "min-replies": 0,
+    "round-timeout": 600.0,
     "secure-aggregation": False,
     "secagg-shares": 0,
     "secagg-threshold": 0,

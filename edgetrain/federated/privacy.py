@@ -159,9 +159,9 @@ def run_private(
         evaluate_fn=_legacy_judge(judge, names),
         accept_failures=True,
     )
-    legacy = LegacyContext(
-        context=context, config=ServerConfig(num_rounds=int(cfg["rounds"])), strategy=strategy
-    )
+    timeout = float(cfg.get("round-timeout", 600.0))  # a device that has not answered by then is left out
+    rounds = ServerConfig(num_rounds=int(cfg["rounds"]), round_timeout=timeout)
+    legacy = LegacyContext(context=context, config=rounds, strategy=strategy)
     summary: dict[str, Any] = {}
     fit = None
     if secure:
@@ -172,7 +172,7 @@ def run_private(
             reconstruction_threshold=threshold if threshold > 1 else 2 / 3,
             max_weight=SECAGG_MAX_WEIGHT,
             clipping_range=float(cfg.get("secagg-clip", 8.0)),
-            timeout=600.0,
+            timeout=timeout,  # each of SecAgg+'s four exchanges
         )
         summary["secure_aggregation"] = {
             "protocol": "SecAgg+ (Flower's SecAggPlusWorkflow and secaggplus_mod)",

@@ -337,6 +337,7 @@ def run(grid: Grid, cfg: dict[str, Any], context: Context | None = None) -> dict
             num_rounds=int(cfg["rounds"]),
             train_config=train_config,
             evaluate_fn=judge,
+            timeout=float(cfg.get("round-timeout", 600.0)),
         )
         final = from_records(result.arrays) if result.arrays is not None else shared
     sess.set_parameters(final)
