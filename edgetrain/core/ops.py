@@ -26,6 +26,25 @@ from . import rows
 # edgetrain's own ops (fused backward kernels, the fused softmax cross-entropy); each has an ONNX function body in
 # standard ops, so a graph that uses them still runs in any ONNX runtime.
 PRIVATE_DOMAIN = "com.edgetrain"
+# onnxruntime's contrib ops: the quantized ones its quantizer writes (QOperator form) are read and run
+MICROSOFT_DOMAIN = "com.microsoft"
+
+
+@dataclass(frozen=True)
+class QParams:
+    """Where one quantized tensor's scale and zero point are among a node's inputs: the import checks them
+    (positive finite scales, zero points of the tensor's integer type, per-channel lengths) before anything is
+    allocated, and the QAT step will read them."""
+
+    value: int  # input position of the integer tensor; -1: the node's output 0 (QuantizeLinear's y)
+    scale: int
+    zero_point: int | None  # None: the op has no zero point for it
+    # the axis of `value` a 1-D scale runs along: a fixed axis, or (attrs, rank) -> axis; None: per-tensor only
+    axis: int | Callable[[dict, int], int] | None = None
+
+
+def _attr_axis(attrs: dict, rank: int) -> int:
+    return int(attrs.get("axis", 1))
 
 
 @dataclass(eq=False)
@@ -63,6 +82,8 @@ class OpRecord:
     batch_states: tuple[
         int, ...
     ] = ()  # inputs holding one state per sample (initial_h, initial_c): re-batched
+    folds: bool = True  # False: never folded, even on constants (DequantizeLinear: int8 weights stay int8)
+    quantized: tuple[QParams, ...] = ()  # its quantized tensors' scales and zero points (QParams)
     no_rule: str = ""  # why the op has no gradient rule (every op with a kernel has a rule or a reason)
     rule_advice: str = ""  # how to write it with ops that have rules: "Or, to train them too, <advice>"
     # ---- registered by the layers that define them (see the module docstring)
@@ -88,6 +109,56 @@ _NO_FLOAT_INPUT = "its output does not depend on the values of a float input"
 _SHAPE_ONLY = "it reads only its input's shape"
 _BACKWARD = "a backward op the autodiff writes: edgetrain differentiates once"
 _NOT_YET = "no rule has been written for it yet"
+_QUANTIZED = (
+    "it computes on integers: training through quantization (fake quantization with straight-through "
+    "gradients, issue 23) is not written yet"
+)
+_QUANTIZED_ADVICE = "train the float model, then quantize it again with onnxruntime.quantization"
+
+
+def _q(op: str, *params: tuple, domain: str = "", **fields: Any) -> OpRecord:
+    """The record of a quantized op: no gradient rule yet, its scales and zero points as QParams(value, scale,
+    zero point[, axis])."""
+    return OpRecord(
+        op,
+        domain=domain,
+        quantized=tuple(QParams(*p) for p in params),
+        no_rule=_QUANTIZED,
+        rule_advice=_QUANTIZED_ADVICE,
+        **fields,
+    )
+
+
+def _last(attrs: dict, rank: int) -> int:
+    return rank - 1
+
+
+def _qgemm_b(attrs: dict, rank: int) -> int:
+    return 0 if attrs.get("transB", 0) else 1
+
+
+_MS = MICROSOFT_DOMAIN
+# the quantized ops: QDQ, dynamic (integer products), QOperator, and onnxruntime's contrib ops its quantizer writes
+_QUANTIZED_OPS = [
+    _q("QuantizeLinear", (-1, 1, 2, _attr_axis), rows=rows.on_axis(1)),
+    # never folded: the int8 weights under it stay int8 in the graph and the artifact (4x smaller than float)
+    _q("DequantizeLinear", (0, 1, 2, _attr_axis), folds=False, rows=rows.on_axis(1)),
+    _q("DynamicQuantizeLinear"),
+    _q("MatMulInteger", heavy=True),
+    _q("ConvInteger", heavy=True),
+    _q("QLinearConv", (0, 1, 2), (3, 4, 5, 0), (-1, 6, 7), heavy=True, rows=rows.per_sample),
+    _q("QLinearMatMul", (0, 1, 2, lambda a, r: r - 2), (3, 4, 5, _last), (-1, 6, 7), heavy=True),
+    _q("MatMulIntegerToFloat", (0, 2, 4, lambda a, r: r - 2), (1, 3, 5, _last), domain=_MS, heavy=True),
+    _q("DynamicQuantizeMatMul", (1, 2, 3, _last), domain=_MS, heavy=True),
+    _q("QGemm", (0, 1, 2), (3, 4, 5, _qgemm_b), (-1, 7, 8), domain=_MS, heavy=True),
+    *[_q(op, (0, 1, 2), (3, 4, 5), (-1, 6, 7), domain=_MS) for op in ("QLinearAdd", "QLinearMul")],
+    *[
+        _q(op, (0, 1, 2), (-1, 3, 4), domain=_MS, rows=rows.per_sample)
+        for op in ("QLinearSigmoid", "QLinearLeakyRelu", "QLinearGlobalAveragePool")
+    ],
+    _q("QLinearSoftmax", (0, 1, 2), (-1, 3, 4), domain=_MS),
+    _q("QLinearConcat", (-1, 0, 1), domain=_MS),
+]
 
 _TABLE: list[OpRecord] = [
     # ---- ops with parameters by role
@@ -253,6 +324,7 @@ _TABLE: list[OpRecord] = [
         no_rule=_BACKWARD,
     ),
     *_all("LSTMGrad GRUGrad RNNGrad", domain=PRIVATE_DOMAIN, sequential=True, no_rule=_BACKWARD),
+    *_QUANTIZED_OPS,
 ]
 OPS: dict[str, OpRecord] = {r.op_type: r for r in _TABLE}
 assert len(OPS) == len(_TABLE), "two records for one op"

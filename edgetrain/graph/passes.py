@@ -308,7 +308,7 @@ def _walk(
 
 
 def _is_const_producer(node: Node, consts: Mapping[str, np.ndarray], graph: Graph, fold_shapes: bool) -> bool:
-    if record(node.op_type).random or node.domain not in ("", "ai.onnx"):
+    if record(node.op_type).random or not record(node.op_type).folds or node.domain not in ("", "ai.onnx"):
         return False
     if (
         fold_shapes

@@ -20,12 +20,13 @@ from edgetrain.core.alternatives import explain, no_kernel_message
 from edgetrain.core.errors import ModelError, ModelLimitError, UnsupportedError
 from edgetrain.core.ir import Graph, GraphBuilder, Node, TensorInfo, about, toposort
 from edgetrain.core.kernels import KERNELS
-from edgetrain.core.ops import record
+from edgetrain.core.ops import MICROSOFT_DOMAIN, record
 from edgetrain.graph import passes
 from edgetrain.graph.passes import check_size, contiguous, make_static, size_text
 
 from .proto import external_data_helper as ext
 from .proto import helper, numpy_helper, onnx, why
+from .quantized import check_quantized
 from .shapes import check_types, node_shapes
 
 MIN_OPSET = 7
@@ -514,6 +515,7 @@ def _from_proto(proto: onnx.ModelProto, max_bytes: int) -> Graph:
         except Exception as e:
             raise ModelError(f"the model's local functions cannot be inlined ({why(e)})") from e
     opset = _opset_of(proto)
+    versions = {o.domain: int(o.version) for o in proto.opset_import}
     _check_graph(proto, opset, max_bytes)
     g = proto.graph
     if opset < MIN_OPSET:
@@ -559,13 +561,31 @@ def _from_proto(proto: onnx.ModelProto, max_bytes: int) -> Graph:
         if scope:
             b.graph.scopes[name] = scope
         if n.domain not in ("", "ai.onnx"):
-            raise UnsupportedError(no_kernel_message(label, n.op_type, n.domain))
+            _check_contrib(label, n.op_type, n.domain)
+            b.graph.opsets.setdefault(n.domain, versions.get(n.domain, 1))
         _canonicalize(b, node, opset)
     graph = b.finish()
+    check_quantized(graph)
     # ONNX lists nodes in topological order; a graph that does not is sorted, and a cycle is a ModelError
     graph.nodes = toposort(graph.nodes, available=set(graph.inputs) | set(graph.initializers))
     graph.metadata = {p.key: p.value for p in proto.metadata_props if len(p.value) <= MAX_METADATA_CHARS}
     return graph
+
+
+def _check_contrib(label: str, op_type: str, domain: str) -> None:
+    """A node outside the standard domain runs when edgetrain has its op's kernel in that domain (onnxruntime's
+    quantized com.microsoft ops); any other is an UnsupportedError naming the node and what edgetrain runs there."""
+    kern = KERNELS.get(op_type)
+    if kern is not None and kern.domain == domain == MICROSOFT_DOMAIN:
+        return
+    theirs = sorted(op for op, k in KERNELS.items() if k.domain == domain == MICROSOFT_DOMAIN)
+    if theirs:
+        raise UnsupportedError(
+            f"{label} is op '{op_type}' of domain '{domain}', which edgetrain does not run; of that domain it "
+            f"runs {', '.join(theirs)} (onnxruntime's quantized ops): quantize the model with "
+            "onnxruntime.quantization's QDQ format (quant_format=QuantFormat.QDQ) to use standard ops only"
+        )
+    raise UnsupportedError(no_kernel_message(label, op_type, domain))
 
 
 def _scope(n: onnx.NodeProto) -> str:

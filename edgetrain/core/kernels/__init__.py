@@ -25,6 +25,7 @@ MODULES = (
     "math",
     "nn",
     "nn_grad",
+    "quantized",
     "recurrent",
     "resize",
     "tensor",

@@ -1,0 +1,590 @@
+"""Quantized kernels (integer tensors with float scales and zero points -> arrays), as onnxruntime computes them:
+QDQ (QuantizeLinear, DequantizeLinear), dynamic (DynamicQuantizeLinear, MatMulInteger, ConvInteger), QOperator
+(QLinearConv, QLinearMatMul) and the com.microsoft ops onnxruntime's quantizer writes (QGemm, QLinearAdd, ...).
+
+Rounding is half to even (np.rint), results saturate to the integer type's range. Integer products are exact: the
+operands (at most 16 bits after their zero points are taken off) are multiplied and summed in float64, whose 53
+bits hold every partial sum of an int8 product of any practical length, through BLAS, then wrap to int32 as
+onnxruntime's int32 accumulators do. Requantizing follows onnxruntime's MLAS: float32(int32 sum) * float32
+scale, clamped to the output range less its zero point, rounded, plus the zero point.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from edgetrain.core.errors import ModelError, ShapeError, UnsupportedError
+from edgetrain.core.ops import MICROSOFT_DOMAIN
+
+from . import nn
+from .registry import kernel
+
+F32 = np.float32
+# the integer element types of quantized tensors (int32 only as DequantizeLinear's input, bias-like)
+QTYPES = tuple(np.dtype(t) for t in (np.int8, np.uint8, np.int16, np.uint16))
+# ONNX TensorProto element types an output_dtype attribute may name
+_ONNX_DTYPES = {
+    2: np.uint8,
+    3: np.int8,
+    4: np.uint16,
+    5: np.int16,
+    6: np.int32,
+    1: np.float32,
+    10: np.float16,
+}
+_WHAT = "int8, uint8, int16 or uint16"
+
+
+def _qtype(op: str, what: str, dtype: np.dtype, allowed: Sequence[np.dtype] = QTYPES) -> np.dtype:
+    dtype = np.dtype(dtype)
+    if dtype not in allowed:
+        names = ", ".join(np.dtype(t).name for t in allowed)
+        raise UnsupportedError(f"{op}: {what} is {dtype.name}; edgetrain runs quantized tensors of {names}")
+    return dtype
+
+
+def _zero_point(op: str, what: str, zp: np.ndarray | None, dtype: np.dtype) -> np.ndarray:
+    """The zero point as int32 (0 when omitted); ModelError when its type is not the quantized tensor's."""
+    if zp is None:
+        return np.zeros((), np.int32)
+    if zp.dtype != dtype:
+        raise ModelError(
+            f"{op}: {what} is {zp.dtype.name}, but the tensor it belongs to is {np.dtype(dtype).name}; a zero "
+            "point has its tensor's integer type"
+        )
+    return zp.astype(np.int32)
+
+
+def _along(
+    op: str, what: str, p: np.ndarray, shape: tuple[int, ...], axis: int | None, block_size: int = 0
+) -> np.ndarray:
+    """A scale or zero point shaped to broadcast against a tensor of `shape`: per tensor (one value), per channel
+    (1-D along axis) or per block (block_size > 0: the tensor's shape with axis cut into blocks)."""
+    p = np.asarray(p)
+    if p.size == 1 and not block_size:
+        return p.reshape(())
+    rank = len(shape)
+    if axis is None:
+        raise ModelError(f"{op}: {what} has {p.size} values; this input takes one (a per-tensor scale)")
+    if not -rank <= axis < rank:
+        raise ModelError(f"{op}: axis={axis} is out of range for an input of rank {rank}")
+    ax = axis % rank
+    if block_size:
+        blocks = -(-shape[ax] // block_size)
+        want = shape[:ax] + (blocks,) + shape[ax + 1 :]
+        if p.shape != want:
+            raise ModelError(
+                f"{op}: {what} has shape {list(p.shape)}; with block_size={block_size} on axis {axis} of an "
+                f"input of shape {list(shape)} it must be {list(want)}"
+            )
+        return np.repeat(p, block_size, axis=ax)[(slice(None),) * ax + (slice(0, shape[ax]),)]
+    if p.ndim != 1 or p.shape[0] != shape[ax]:
+        raise ModelError(
+            f"{op}: {what} has shape {list(p.shape)}, but axis {axis} of its input (shape {list(shape)}) has "
+            f"{shape[ax]} channels; a per-channel {what} is 1-D with one value per channel"
+        )
+    return p.reshape((1,) * ax + (p.shape[0],) + (1,) * (rank - ax - 1))
+
+
+def _saturate(v: np.ndarray, zp: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Rounded float32 values v (before the zero point) as integers of dtype: clamped to the range less the zero
+    point first, as MLAS does (so NaN and infinities saturate rather than wrap), then shifted by it."""
+    info = np.iinfo(dtype)
+    lo, hi = (info.min - zp).astype(F32), (info.max - zp).astype(F32)
+    with np.errstate(invalid="ignore"):
+        v = np.rint(np.clip(np.nan_to_num(v, nan=0.0), lo, hi))
+        return (v.astype(np.int32) + zp).astype(dtype)
+
+
+def quantize(x: np.ndarray, scale, zp: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """saturate(round(x / scale) + zp), in float32 as onnxruntime divides."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        v = np.divide(x.astype(F32, copy=False), np.asarray(scale, F32))
+    return _saturate(v, zp, dtype)
+
+
+def dequantize(q: np.ndarray, scale, zp: np.ndarray) -> np.ndarray:
+    """(q - zp) * scale in float32."""
+    return (q.astype(np.int32) - zp).astype(F32) * np.asarray(scale, F32)
+
+
+def _requantize(acc: np.ndarray, scale, zp: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """An exact integer sum (float64) as onnxruntime's requantization of its int32 accumulator."""
+    return _saturate(_int32(acc).astype(F32) * np.asarray(scale, F32), zp, dtype)
+
+
+def _int32(acc: np.ndarray) -> np.ndarray:
+    """Exact integer values (float64) as int32, wrapping as an int32 accumulator would."""
+    return acc.astype(np.int64).astype(np.int32)
+
+
+def _centered(op: str, what: str, q: np.ndarray, zp: np.ndarray | None, shape_zp=None) -> np.ndarray:
+    """q - zp in float64, exact (the operand of an integer product)."""
+    z = np.zeros((), np.int32) if zp is None else _zero_point(op, f"{what}'s zero point", zp, q.dtype)
+    if shape_zp is not None:
+        z = shape_zp(z)
+    return q.astype(np.float64) - z
+
+
+def _scalar(op: str, what: str, p: np.ndarray | None) -> np.ndarray:
+    if p is not None and np.size(p) != 1:
+        raise ModelError(f"{op}: {what} has {np.size(p)} values; onnxruntime takes one here (per tensor)")
+    return p if p is None else np.asarray(p).reshape(())
+
+
+# -------------------------------------------------------------------------------- QDQ
+
+
+@kernel("QuantizeLinear")
+def quantize_linear(
+    x: np.ndarray,
+    y_scale: np.ndarray,
+    y_zero_point: np.ndarray | None = None,
+    *,
+    axis: int = 1,
+    block_size: int = 0,
+    output_dtype: int = 0,
+    precision: int = 0,
+    saturate: int = 1,  # only float8 outputs saturate optionally; integers always do
+) -> np.ndarray:
+    op = "QuantizeLinear"
+    if precision not in (0, 1):
+        raise UnsupportedError(
+            f"{op}: precision={precision} is not supported; use 0 (the scale's) or 1 (float)"
+        )
+    if y_zero_point is not None:
+        dtype = _qtype(op, "y_zero_point", y_zero_point.dtype)
+        if output_dtype and np.dtype(_ONNX_DTYPES.get(output_dtype, np.void)) != dtype:
+            raise ModelError(
+                f"{op}: output_dtype={output_dtype} is not the type of y_zero_point ({dtype.name})"
+            )
+    else:
+        dtype = _qtype(op, f"output_dtype={output_dtype}", _ONNX_DTYPES.get(output_dtype or 2, np.void))
+    _qtype(op, "x", x.dtype, tuple(np.dtype(t) for t in (np.float32, np.float16, np.float64, np.int32)))
+    s = _along(op, "y_scale", y_scale, x.shape, axis, block_size)
+    zp = np.zeros((), np.int32) if y_zero_point is None else y_zero_point.astype(np.int32)
+    zp = _along(op, "y_zero_point", zp, x.shape, axis, block_size)
+    return quantize(x, s, zp, dtype)
+
+
+@kernel("DequantizeLinear")
+def dequantize_linear(
+    x: np.ndarray,
+    x_scale: np.ndarray,
+    x_zero_point: np.ndarray | None = None,
+    *,
+    axis: int = 1,
+    block_size: int = 0,
+    output_dtype: int = 0,
+) -> np.ndarray:
+    op = "DequantizeLinear"
+    _qtype(op, "x", x.dtype, (*QTYPES, np.dtype(np.int32)))
+    out = _qtype(op, "x_scale", x_scale.dtype, (np.dtype(np.float32), np.dtype(np.float16)))
+    if output_dtype and np.dtype(_ONNX_DTYPES.get(output_dtype, np.void)) != out:
+        raise UnsupportedError(f"{op}: output_dtype={output_dtype} differs from x_scale's type ({out.name})")
+    zp = _zero_point(op, "x_zero_point", x_zero_point, x.dtype)
+    if x.dtype == np.int32 and np.any(zp):
+        raise ModelError(f"{op}: an int32 input takes no zero point but 0 (the spec's int32 form)")
+    s = _along(op, "x_scale", x_scale, x.shape, axis, block_size)
+    zp = _along(op, "x_zero_point", zp, x.shape, axis, block_size)
+    if x.dtype == np.int32:  # int32 - 0: no int32 wrap
+        return (x.astype(F32) * s.astype(F32)).astype(out, copy=False)
+    return dequantize(x, s, zp).astype(out, copy=False)
+
+
+# -------------------------------------------------------------------------------- dynamic
+
+
+def dynamic_params(x: np.ndarray) -> tuple[np.float32, np.uint8]:
+    """onnxruntime's uint8 scale and zero point of x: its range widened to hold 0, over 255 steps (scale 1 when
+    the range is empty, where the spec's formula would divide by zero)."""
+    lo = min(F32(np.min(x)) if x.size else F32(0), F32(0))
+    hi = max(F32(np.max(x)) if x.size else F32(0), F32(0))
+    scale = F32(1) if hi == lo else F32(F32(hi - lo) / F32(255))
+    zp = np.rint(np.clip(F32(0) - F32(lo / scale), F32(0), F32(255)))
+    return scale, np.uint8(zp)
+
+
+@kernel("DynamicQuantizeLinear")
+def dynamic_quantize_linear(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    _qtype("DynamicQuantizeLinear", "x", x.dtype, (np.dtype(np.float32),))
+    if not np.isfinite(x).all():
+        raise ModelError("DynamicQuantizeLinear: its input holds NaN or infinite values; no scale fits them")
+    scale, zp = dynamic_params(x)
+    y = quantize(x, scale, np.asarray(zp, np.int32), np.dtype(np.uint8))
+    return y, np.asarray(scale, F32), np.asarray(zp, np.uint8)
+
+
+def _row_zp(a_shape: tuple[int, ...]):
+    """A per-row zero point of a matrix product's A (1-D of M) as a column."""
+    return lambda z: z.reshape(-1, 1) if z.ndim == 1 and z.size > 1 and len(a_shape) >= 2 else z
+
+
+def _int_matmul(op: str, a, b, a_zp, b_zp) -> np.ndarray:
+    """(a - a_zp) @ (b - b_zp), exact, as float64."""
+    _qtype(op, "A", a.dtype, QTYPES[:2])
+    _qtype(op, "B", b.dtype, QTYPES[:2])
+    x = _centered(op, "A", a, a_zp, _row_zp(a.shape))
+    w = _centered(op, "B", b, b_zp)
+    try:
+        return np.asarray(np.matmul(x, w))
+    except ValueError as e:
+        raise ShapeError(
+            f"{op}: A {list(a.shape)} and B {list(b.shape)} cannot be multiplied ({e})"
+        ) from None
+
+
+@kernel("MatMulInteger")
+def matmul_integer(
+    A: np.ndarray,
+    B: np.ndarray,
+    a_zero_point: np.ndarray | None = None,
+    b_zero_point: np.ndarray | None = None,
+) -> np.ndarray:
+    return _int32(_int_matmul("MatMulInteger", A, B, a_zero_point, b_zero_point))
+
+
+def _int_conv(op: str, x, w, x_zp, w_zp, attrs) -> np.ndarray:
+    """conv(x - x_zp, w - w_zp), exact, as float64 (padding holds x_zp: zero once it is taken off)."""
+    _qtype(op, "x", x.dtype, QTYPES[:2])
+    _qtype(op, "w", w.dtype, QTYPES[:2])
+    xc = _centered(op, "x", x, _scalar(op, "x's zero point", x_zp))
+    per_m = lambda z: z.reshape((-1,) + (1,) * (w.ndim - 1)) if z.ndim == 1 and z.size > 1 else z.reshape(())  # noqa: E731
+    wc = _centered(op, "w", w, w_zp, per_m)
+    return nn.conv(xc, wc, **attrs)
+
+
+@kernel("ConvInteger")
+def conv_integer(
+    x: np.ndarray,
+    w: np.ndarray,
+    x_zero_point: np.ndarray | None = None,
+    w_zero_point: np.ndarray | None = None,
+    *,
+    auto_pad: str = "NOTSET",
+    dilations: Sequence[int] | None = None,
+    group: int = 1,
+    kernel_shape: Sequence[int] | None = None,
+    pads: Sequence[int] | None = None,
+    strides: Sequence[int] | None = None,
+) -> np.ndarray:
+    attrs = dict(
+        auto_pad=auto_pad,
+        dilations=dilations,
+        group=group,
+        kernel_shape=kernel_shape,
+        pads=pads,
+        strides=strides,
+    )
+    return _int32(_int_conv("ConvInteger", x, w, x_zero_point, w_zero_point, attrs))
+
+
+# -------------------------------------------------------------------------------- QOperator
+
+
+def _out_scale(op: str, a_scale, b_scale, y_scale, alpha: float = 1.0) -> np.ndarray:
+    """onnxruntime's output scale, (alpha * a * b) / y in float32, per output channel when b's is."""
+    s = F32(alpha) * np.asarray(a_scale, F32) * np.asarray(b_scale, F32)
+    return s if y_scale is None else s / np.asarray(_scalar(op, "y_scale", y_scale), F32)
+
+
+@kernel("QLinearConv")
+def qlinear_conv(
+    x: np.ndarray,
+    x_scale: np.ndarray,
+    x_zero_point: np.ndarray,
+    w: np.ndarray,
+    w_scale: np.ndarray,
+    w_zero_point: np.ndarray,
+    y_scale: np.ndarray,
+    y_zero_point: np.ndarray,
+    B: np.ndarray | None = None,
+    *,
+    auto_pad: str = "NOTSET",
+    dilations: Sequence[int] | None = None,
+    group: int = 1,
+    kernel_shape: Sequence[int] | None = None,
+    pads: Sequence[int] | None = None,
+    strides: Sequence[int] | None = None,
+) -> np.ndarray:
+    op = "QLinearConv"
+    attrs = dict(
+        auto_pad=auto_pad,
+        dilations=dilations,
+        group=group,
+        kernel_shape=kernel_shape,
+        pads=pads,
+        strides=strides,
+    )
+    acc = _int_conv(op, x, w, x_zero_point, w_zero_point, attrs)
+    m, nd = w.shape[0], acc.ndim - 2
+    if B is not None:
+        _qtype(op, "B", B.dtype, (np.dtype(np.int32),))
+        acc += B.astype(np.float64).reshape((m,) + (1,) * nd)
+    dtype = _qtype(op, "y_zero_point", y_zero_point.dtype, QTYPES[:2])
+    ws = _along(op, "w_scale", w_scale, (m,), 0).reshape((-1,) + (1,) * nd if np.size(w_scale) > 1 else ())
+    scale = _out_scale(op, _scalar(op, "x_scale", x_scale), ws, y_scale)
+    return _requantize(
+        acc, scale, _zero_point(op, "y_zero_point", _scalar(op, "y_zp", y_zero_point), dtype), dtype
+    )
+
+
+def _col_scale(op: str, what: str, s: np.ndarray, n: int) -> np.ndarray:
+    return _along(op, what, s, (n,), 0)
+
+
+@kernel("QLinearMatMul")
+def qlinear_matmul(
+    a: np.ndarray,
+    a_scale: np.ndarray,
+    a_zero_point: np.ndarray,
+    b: np.ndarray,
+    b_scale: np.ndarray,
+    b_zero_point: np.ndarray,
+    y_scale: np.ndarray,
+    y_zero_point: np.ndarray,
+) -> np.ndarray:
+    op = "QLinearMatMul"
+    acc = _int_matmul(op, a, b, _scalar(op, "a_zero_point", a_zero_point), b_zero_point)
+    dtype = _qtype(op, "y_zero_point", y_zero_point.dtype, QTYPES[:2])
+    scale = _out_scale(
+        op, _scalar(op, "a_scale", a_scale), _col_scale(op, "b_scale", b_scale, b.shape[-1]), y_scale
+    )
+    return _requantize(
+        acc, scale, _zero_point(op, "y_zero_point", _scalar(op, "y_zp", y_zero_point), dtype), dtype
+    )
+
+
+# -------------------------------------------------------------------------------- com.microsoft
+
+MS = MICROSOFT_DOMAIN
+
+
+@kernel("QGemm", domain=MS)
+def qgemm(
+    A: np.ndarray,
+    a_scale: np.ndarray,
+    a_zero_point: np.ndarray,
+    B: np.ndarray,
+    b_scale: np.ndarray,
+    b_zero_point: np.ndarray,
+    C: np.ndarray | None = None,
+    y_scale: np.ndarray | None = None,
+    y_zero_point: np.ndarray | None = None,
+    *,
+    alpha: float = 1.0,
+    transA: int = 0,
+    transB: int = 0,
+) -> np.ndarray:
+    op = "QGemm"
+    if A.ndim != 2 or B.ndim != 2:
+        raise ShapeError(f"{op}: A {list(A.shape)} and B {list(B.shape)} must be matrices")
+    a, b = (A.T if transA else A), (B.T if transB else B)
+    acc = _int_matmul(op, a, b, _scalar(op, "a_zero_point", a_zero_point), b_zero_point)
+    if C is not None:
+        _qtype(op, "C", C.dtype, (np.dtype(np.int32),))
+        acc += C.astype(np.float64)
+    scale = _out_scale(
+        op, _scalar(op, "a_scale", a_scale), _col_scale(op, "b_scale", b_scale, b.shape[1]), y_scale, alpha
+    )
+    if y_scale is None:  # float output
+        return _int32(acc).astype(F32) * scale
+    dtype = _qtype(
+        op, "y_zero_point", np.dtype(y_zero_point.dtype) if y_zero_point is not None else np.uint8, QTYPES[:2]
+    )
+    zp = _zero_point(op, "y_zero_point", _scalar(op, "y_zp", y_zero_point), dtype)
+    return _requantize(acc, scale, zp, dtype)
+
+
+@kernel("MatMulIntegerToFloat", domain=MS)
+def matmul_integer_to_float(
+    A: np.ndarray,
+    B: np.ndarray,
+    a_scale: np.ndarray,
+    b_scale: np.ndarray,
+    a_zero_point: np.ndarray | None = None,
+    b_zero_point: np.ndarray | None = None,
+    bias: np.ndarray | None = None,
+) -> np.ndarray:
+    op = "MatMulIntegerToFloat"
+    acc = _int32(_int_matmul(op, A, B, a_zero_point, b_zero_point)).astype(F32)
+    y = acc * (np.asarray(_scalar(op, "a_scale", a_scale), F32) * np.asarray(b_scale, F32))
+    return y if bias is None else y + bias.astype(F32)
+
+
+@kernel("DynamicQuantizeMatMul", domain=MS)
+def dynamic_quantize_matmul(
+    A: np.ndarray,
+    B: np.ndarray,
+    b_scale: np.ndarray,
+    b_zero_point: np.ndarray | None = None,
+    bias: np.ndarray | None = None,
+) -> np.ndarray:
+    scale, zp = dynamic_params(A)
+    a = quantize(A, scale, np.asarray(zp, np.int32), np.dtype(np.uint8))
+    return matmul_integer_to_float(a, B, np.asarray(scale), b_scale, np.asarray(zp), b_zero_point, bias)
+
+
+def _binary(op: str, a, a_scale, a_zp, b, b_scale, b_zp, c_scale, c_zp, combine) -> np.ndarray:
+    dtype = _qtype(op, "A", a.dtype, QTYPES[:2])
+    if b.dtype != dtype:
+        raise ModelError(f"{op}: A is {dtype.name} and B is {b.dtype.name}; they take one type")
+    za = _zero_point(op, "A_zero_point", _scalar(op, "A_zero_point", a_zp), dtype)
+    zb = _zero_point(op, "B_zero_point", _scalar(op, "B_zero_point", b_zp), dtype)
+    zc = _zero_point(op, "C_zero_point", _scalar(op, "C_zero_point", c_zp), dtype)
+    sa, sb, sc = (
+        np.asarray(_scalar(op, w, s), F32)
+        for w, s in (("A_scale", a_scale), ("B_scale", b_scale), ("C_scale", c_scale))
+    )
+    xa, xb = (a.astype(np.int32) - za).astype(F32), (b.astype(np.int32) - zb).astype(F32)
+    return _saturate(combine(xa, sa, xb, sb, sc), zc, dtype)
+
+
+@kernel("QLinearAdd", domain=MS)
+def qlinear_add(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_zero_point=None) -> np.ndarray:
+    return _binary(
+        "QLinearAdd",
+        A,
+        A_scale,
+        A_zero_point,
+        B,
+        B_scale,
+        B_zero_point,
+        C_scale,
+        C_zero_point,
+        lambda xa, sa, xb, sb, sc: xa * (sa / sc) + xb * (sb / sc),
+    )
+
+
+@kernel("QLinearMul", domain=MS)
+def qlinear_mul(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_zero_point=None) -> np.ndarray:
+    return _binary(
+        "QLinearMul",
+        A,
+        A_scale,
+        A_zero_point,
+        B,
+        B_scale,
+        B_zero_point,
+        C_scale,
+        C_zero_point,
+        lambda xa, sa, xb, sb, sc: xa * xb * (sa * sb / sc),
+    )
+
+
+def _lookup(op: str, x, x_scale, x_zp, y_scale, y_zp, fn) -> np.ndarray:
+    """onnxruntime's table ops: each of the 256 codes dequantized, mapped by fn in float32, quantized."""
+    dtype = _qtype(op, "X", x.dtype, QTYPES[:2])
+    zx = _zero_point(op, "X_zero_point", _scalar(op, "X_zero_point", x_zp), dtype)
+    zy = _zero_point(op, "Y_zero_point", _scalar(op, "Y_zero_point", y_zp), dtype)
+    codes = np.arange(np.iinfo(dtype).min, np.iinfo(dtype).max + 1, dtype=np.int32)
+    deq = np.asarray(_scalar(op, "X_scale", x_scale), F32) * (codes - zx).astype(F32)
+    with np.errstate(over="ignore"):
+        table = quantize(fn(deq).astype(F32), _scalar(op, "Y_scale", y_scale), zy, dtype)
+    return table[x.astype(np.int32) - int(np.iinfo(dtype).min)]
+
+
+@kernel("QLinearSigmoid", domain=MS)
+def qlinear_sigmoid(X, X_scale, X_zero_point=None, Y_scale=None, Y_zero_point=None) -> np.ndarray:
+    return _lookup(
+        "QLinearSigmoid",
+        X,
+        X_scale,
+        X_zero_point,
+        Y_scale,
+        Y_zero_point,
+        lambda v: F32(1) / (F32(1) + np.exp(-v)),
+    )
+
+
+@kernel("QLinearLeakyRelu", domain=MS)
+def qlinear_leaky_relu(
+    X, X_scale, X_zero_point=None, Y_scale=None, Y_zero_point=None, *, alpha: float = 0.01
+) -> np.ndarray:
+    a = F32(alpha)
+    return _lookup(
+        "QLinearLeakyRelu",
+        X,
+        X_scale,
+        X_zero_point,
+        Y_scale,
+        Y_zero_point,
+        lambda v: np.where(v >= 0, v, v * a),
+    )
+
+
+@kernel("QLinearGlobalAveragePool", domain=MS)
+def qlinear_global_average_pool(
+    x, x_scale, x_zero_point, y_scale, y_zero_point, *, channels_last: int = 0
+) -> np.ndarray:
+    op = "QLinearGlobalAveragePool"
+    dtype = _qtype(op, "X", x.dtype, QTYPES[:2])
+    if x.ndim < 3:
+        raise ShapeError(f"{op}: its input has rank {x.ndim}; it takes [N, C, spatial...] (rank 3 or more)")
+    zx = _zero_point(op, "x_zero_point", _scalar(op, "x_zero_point", x_zero_point), dtype)
+    zy = _zero_point(op, "y_zero_point", _scalar(op, "y_zero_point", y_zero_point), dtype)
+    axes = tuple(range(1, x.ndim - 1)) if channels_last else tuple(range(2, x.ndim))
+    size = int(np.prod([x.shape[k] for k in axes]))
+    acc = x.astype(np.int64).sum(axis=axes, keepdims=True) - int(zx) * size
+    scale = np.asarray(_scalar(op, "x_scale", x_scale), F32) / (
+        np.asarray(_scalar(op, "y_scale", y_scale), F32) * F32(size)
+    )
+    return _saturate(acc.astype(np.int32).astype(F32) * scale, zy, dtype)
+
+
+@kernel("QLinearSoftmax", domain=MS)
+def qlinear_softmax(
+    X, X_scale, x_zero_point, y_scale, y_zero_point, *, axis: int = -1, opset: int = 13
+) -> np.ndarray:
+    """onnxruntime's own algorithm (not dequantize-softmax-quantize): exp of each code's distance below the row's
+    maximum from a float table, sums in float32 in order, floor(1 / y_scale) as the output's scale."""
+    op = "QLinearSoftmax"
+    dtype = _qtype(op, "X", X.dtype, QTYPES[:2])
+    if opset < 13:
+        raise UnsupportedError(
+            f"{op}: opset={opset} (softmax over the flattened trailing axes) is not supported; use 13"
+        )
+    if not -X.ndim <= axis < X.ndim:
+        raise ShapeError(f"{op}: axis={axis} is out of range for an input of rank {X.ndim}")
+    xs = float(np.asarray(_scalar(op, "X_scale", X_scale), F32))
+    ys = F32(np.floor(F32(1) / np.asarray(_scalar(op, "y_scale", y_scale), F32)))
+    zy = int(_zero_point(op, "y_zero_point", _scalar(op, "y_zero_point", y_zero_point), dtype))
+    x = np.moveaxis(X, axis, -1)
+    d = x.shape[-1]
+    # in double, as onnxruntime: log(FLT_MAX / d) less 5 bits of headroom, so that the float32 sums stay finite
+    shift = max(0.0, float(np.log(float(np.finfo(F32).max / F32(d)))) - 5.0) / xs
+    table = np.exp((np.arange(256, dtype=np.float64) - 255 + shift) * xs).astype(F32)  # code distance 255 - k
+    q = x.astype(np.int32)
+    dist = q - q.max(axis=-1, keepdims=True) + 255  # table index, as both of onnxruntime's loops compute it
+    e = table[dist]
+    total = np.cumsum(e, axis=-1, dtype=F32)[..., -1:]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        v = np.rint((e * ys) / total).astype(np.int64) + zy
+    y = (
+        np.minimum(v, 255).astype(np.int32).astype(dtype)
+    )  # onnxruntime clamps only above, at 255, for both types
+    return np.moveaxis(y, -1, axis)
+
+
+@kernel("QLinearConcat", domain=MS)
+def qlinear_concat(Y_scale, Y_zero_point, *inputs, axis: int) -> np.ndarray:
+    op = "QLinearConcat"
+    if len(inputs) % 3 or not inputs:
+        raise ModelError(f"{op}: after Y_scale and Y_zero_point it takes (X, X_scale, X_zero_point) triples")
+    dtype = _qtype(op, "Y_zero_point", Y_zero_point.dtype, QTYPES[:2])
+    zy = _zero_point(op, "Y_zero_point", _scalar(op, "Y_zero_point", Y_zero_point), dtype)
+    parts = []
+    for k in range(0, len(inputs), 3):
+        x, s, z = inputs[k : k + 3]
+        same = (
+            np.array_equal(np.asarray(s, F32), np.asarray(Y_scale, F32))
+            and z is not None
+            and int(z) == int(zy)
+        )
+        parts.append(x if same else _lookup(op, x, s, z, Y_scale, Y_zero_point, lambda v: v))
+    try:
+        return np.concatenate(parts, axis=axis)
+    except ValueError as e:  # numpy's AxisError is one
+        raise ShapeError(f"{op}: its inputs cannot be joined on axis {axis} ({e})") from None
