@@ -164,8 +164,9 @@ def quantize_linear(
         dtype = _qtype(op, f"output_dtype={output_dtype}", _ONNX_DTYPES.get(output_dtype or 2, np.void))
     _qtype(op, "x", x.dtype, tuple(np.dtype(t) for t in (np.float32, np.float16, np.float64, np.int32)))
     s = _along(op, "y_scale", y_scale, x.shape, axis, block_size)
-    zp = np.zeros((), np.int32) if y_zero_point is None else y_zero_point.astype(np.int32)
-    zp = _along(op, "y_zero_point", zp, x.shape, axis, block_size)
+    zp = np.zeros((), np.int32)
+    if y_zero_point is not None:
+        zp = _along(op, "y_zero_point", y_zero_point.astype(np.int32), x.shape, axis, block_size)
     return quantize(x, s, zp, dtype)
 
 
@@ -188,7 +189,8 @@ def dequantize_linear(
     if x.dtype == np.int32 and np.any(zp):
         raise ModelError(f"{op}: an int32 input takes no zero point but 0 (the spec's int32 form)")
     s = _along(op, "x_scale", x_scale, x.shape, axis, block_size)
-    zp = _along(op, "x_zero_point", zp, x.shape, axis, block_size)
+    if x_zero_point is not None:
+        zp = _along(op, "x_zero_point", zp, x.shape, axis, block_size)
     if x.dtype == np.int32:  # int32 - 0: no int32 wrap
         return (x.astype(F32) * s.astype(F32)).astype(out, copy=False)
     return dequantize(x, s, zp).astype(out, copy=False)
@@ -562,9 +564,8 @@ def qlinear_softmax(
     total = np.cumsum(e, axis=-1, dtype=F32)[..., -1:]
     with np.errstate(divide="ignore", invalid="ignore"):
         v = np.rint((e * ys) / total).astype(np.int64) + zy
-    y = (
-        np.minimum(v, 255).astype(np.int32).astype(dtype)
-    )  # onnxruntime clamps only above, at 255, for both types
+    info = np.iinfo(dtype)
+    y = np.clip(v, info.min, info.max).astype(dtype)
     return np.moveaxis(y, -1, axis)
 
 
