@@ -116,8 +116,8 @@ class Deployment:
                 "127.0.0.1",
                 "--port",
                 str(self.port),
-                "--database",
-                os.path.join(self.workdir, "superlink.db"),
+                # no --database: Flower's in-memory state. Its SQLite file lost replies to "database is locked"
+                # on a busy 2-core machine (the round then waits, or the server app fails).
             ],
         )
         self._wait_for_port(self.port, "superlink")

@@ -143,9 +143,7 @@ class Simulation(Deployment):
                 "--host",
                 "127.0.0.1",
                 "--port",
-                str(self.port),
-                "--database",
-                os.path.join(self.workdir, "superlink.db"),
+                str(self.port),  # no --database: Flower's in-memory state (see deploy.py)
             ],
         )
         self._wait_for_port(self.port, "superlink")
