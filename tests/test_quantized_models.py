@@ -153,7 +153,6 @@ def _ort(path: Path, feeds):
 NAMES = ["lenet", "mlp", "cnn", "encoder"]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("name", NAMES)
 def test_quantized_model_matches_onnxruntime(models, name, form, report):

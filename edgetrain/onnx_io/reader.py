@@ -579,12 +579,14 @@ def _check_contrib(label: str, op_type: str, domain: str) -> None:
     if kern is not None and kern.domain == domain == MICROSOFT_DOMAIN:
         return
     theirs = sorted(op for op, k in KERNELS.items() if k.domain == domain == MICROSOFT_DOMAIN)
-    if theirs:
-        raise UnsupportedError(
-            f"{label} is op '{op_type}' of domain '{domain}', which edgetrain does not run; of that domain it "
-            f"runs {', '.join(theirs)} (onnxruntime's quantized ops): quantize the model with "
-            "onnxruntime.quantization's QDQ format (quant_format=QuantFormat.QDQ) to use standard ops only"
+    quantized = op_type.startswith("Q") or "Quantize" in op_type or "Integer" in op_type
+    # a quantized op edgetrain lacks: say which of them run (other ops keep the short message)
+    if theirs and quantized:
+        head = (
+            f"{label} is in domain '{domain}', of which edgetrain runs only the quantized ops onnxruntime's "
+            f"quantizer writes ({theirs[0]}, ..., {theirs[-1]}; or quantize in the QDQ format)"
         )
+        raise UnsupportedError(explain(head, op_type, domain))
     raise UnsupportedError(no_kernel_message(label, op_type, domain))
 
 
