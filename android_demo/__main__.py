@@ -69,6 +69,20 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("status", help="samples, model version, last bursts, policy")
     c.add_argument("--json", action="store_true")
 
+    _add_serve(sub)
+
+    c = sub.add_parser("simulate", help="the whole story on a desktop with the embedded data")
+    c.add_argument("--every", type=int, default=10, help="a burst every N samples (default 10)")
+    c.add_argument("--steps", type=int, default=25, help="steps per burst at most (default 25)")
+    c.add_argument("--quick", action="store_true", help="a short run (20 samples, two bursts of 5 steps)")
+    c.add_argument("--json", action="store_true", help="print one JSON line instead of the table")
+    c.add_argument(
+        "--threads", type=int, dest="command_threads", help="threads for numpy's BLAS (as --threads)"
+    )
+    return p
+
+
+def _add_serve(sub) -> None:
     c = sub.add_parser("serve", help="the page for the phone's browser, on 127.0.0.1")
     c.add_argument("--port", type=int, default=8765, help="default 8765 (0: any free port)")
     c.add_argument(
@@ -87,16 +101,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="connections open at once (a thread each); beyond N a new one takes the place of the one that has "
         "waited longest for its request, or gets a 503 (default 32)",
     )
-
-    c = sub.add_parser("simulate", help="the whole story on a desktop with the embedded data")
-    c.add_argument("--every", type=int, default=10, help="a burst every N samples (default 10)")
-    c.add_argument("--steps", type=int, default=25, help="steps per burst at most (default 25)")
-    c.add_argument("--quick", action="store_true", help="a short run (20 samples, two bursts of 5 steps)")
-    c.add_argument("--json", action="store_true", help="print one JSON line instead of the table")
-    c.add_argument(
-        "--threads", type=int, dest="command_threads", help="threads for numpy's BLAS (as --threads)"
-    )
-    return p
 
 
 def _threads(args: argparse.Namespace) -> None:

@@ -385,6 +385,28 @@ def _add_federate(sub, common: argparse.ArgumentParser) -> None:
         help="iid, or label-skew: each client sees mostly a few classes, as real users do (default iid; with "
         "--simulate label-skew)",
     )
+    _federate_simulation_options(p)
+    p.add_argument(
+        "--val-data", help="server-side validation data for the global model (an MNIST folder: t10k)"
+    )
+    p.add_argument(
+        "--personal",
+        nargs="+",
+        metavar="PATTERN",
+        help="personal parameters (names or node-name patterns, e.g. 'fc3.*'): never sent, kept on each device",
+    )
+    p.add_argument("--dp-noise", type=float, help="central differential privacy: the noise multiplier")
+    p.add_argument("--dp-clip", type=float, help="... and the clipping norm of each client's update")
+    _federate_fleet_options(p)
+    p.add_argument("--lr", type=float, help="the clients' learning rate (default: the artifact's)")
+    p.add_argument("--seed", type=int, default=0, help="the split of the data (default 0)")
+    p.add_argument(
+        "--out", required=True, help="the folder for the results, the clients' homes and Flower's logs"
+    )
+    p.set_defaults(run=_federate, parser=p)
+
+
+def _federate_simulation_options(p: argparse.ArgumentParser) -> None:
     s = p.add_argument_group("simulation (Flower's simulation engine, its Ray backend, on this machine)")
     s.add_argument(
         "--simulate",
@@ -399,17 +421,10 @@ def _add_federate(sub, common: argparse.ArgumentParser) -> None:
         metavar="N",
         help="simulated devices that train at once, one CPU each (default: this machine's CPUs, at most 4)",
     )
-    p.add_argument(
-        "--val-data", help="server-side validation data for the global model (an MNIST folder: t10k)"
-    )
-    p.add_argument(
-        "--personal",
-        nargs="+",
-        metavar="PATTERN",
-        help="personal parameters (names or node-name patterns, e.g. 'fc3.*'): never sent, kept on each device",
-    )
-    p.add_argument("--dp-noise", type=float, help="central differential privacy: the noise multiplier")
-    p.add_argument("--dp-clip", type=float, help="... and the clipping norm of each client's update")
+
+
+def _federate_fleet_options(p: argparse.ArgumentParser) -> None:
+    """The server's door, its aggregation rule, and the privacy of what the devices send."""
     r = p.add_argument_group("robustness (the server's door and its aggregation rule)")
     r.add_argument(
         "--aggregate",
@@ -479,12 +494,6 @@ def _add_federate(sub, common: argparse.ArgumentParser) -> None:
         "--local-dp-clip", type=float, default=1.0, help="... the L2 norm updates are clipped to (default 1)"
     )
     q.add_argument("--local-dp-delta", type=float, default=1e-5, help="... and delta (default 1e-5)")
-    p.add_argument("--lr", type=float, help="the clients' learning rate (default: the artifact's)")
-    p.add_argument("--seed", type=int, default=0, help="the split of the data (default 0)")
-    p.add_argument(
-        "--out", required=True, help="the folder for the results, the clients' homes and Flower's logs"
-    )
-    p.set_defaults(run=_federate, parser=p)
 
 
 def _add_demo(sub, common: argparse.ArgumentParser) -> None:

@@ -188,9 +188,13 @@ class Deployment:
                 f"logs in {self.workdir}"
             )
 
+    def _run_args(self, app_dir: str, config: str) -> list[str]:
+        """`flwr run`'s arguments: the app on this deployment's superlink, with the run config's file."""
+        return [self._tool("flwr"), "run", app_dir, "loopback", "--stream", "--run-config", config]
+
     def _start_streaming(self, app_dir: str, config: str) -> subprocess.Popen:
         proc = subprocess.Popen(
-            [self._tool("flwr"), "run", app_dir, "loopback", "--stream", "--run-config", config],
+            self._run_args(app_dir, config),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

@@ -31,9 +31,11 @@ from flwr.client.mod import LocalDpMod, secaggplus_mod
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 from flwr.compat.common import recorddict_compat as compat
+from flwr.server import LegacyContext, ServerConfig
 from flwr.server.strategy import (
     FedAvg as LegacyFedAvg,  # Flower's older API: its SecAgg+ and LocalDpMod need it
 )
+from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
 
 from edgetrain.core.errors import ConfigError
 
@@ -126,9 +128,6 @@ def run_private(
     grid, context: Context, cfg: dict[str, Any], shared: dict[str, np.ndarray], door, judge, train_config
 ):
     """The rounds of a SecAgg+ or local-DP run; the final shared parameters by name, and the privacy summary."""
-    from flwr.server import LegacyContext, ServerConfig
-    from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
-
     secure = bool(cfg.get("secure-aggregation"))
     if str(cfg.get("aggregate", "fedavg")) != "fedavg":
         raise ConfigError(

@@ -288,30 +288,7 @@ def run(grid: Grid, cfg: dict[str, Any], context: Context | None = None) -> dict
         raise ConfigError(
             f"every parameter matches the personal patterns {cfg['personal']!r}: nothing to share"
         )
-    clients = int(cfg["min-clients"])
-    per_round = int(cfg.get("clients-per-round", 0) or 0) or clients
-    if not 1 <= per_round <= clients:
-        raise ConfigError(f"clients-per-round {per_round}: pick 1 to the {clients} clients of the federation")
-    sample = {
-        "fraction_train": per_round / clients,
-        "min_train_nodes": per_round,
-        "min_available_nodes": clients,
-    }
-    inner = aggregation_rule(cfg, sample)
-    privacy = {"noise_multiplier": float(cfg["dp-noise"]), "clipping_norm": float(cfg["dp-clip"])}
-    if privacy["noise_multiplier"] > 0:
-        inner = DifferentialPrivacyServerSideFixedClipping(
-            inner, privacy["noise_multiplier"], privacy["clipping_norm"], num_sampled_clients=per_round
-        )
-        privacy["mechanism"] = "central DP, server-side fixed clipping (Flower)"
-        privacy["noise_stddev"] = privacy["noise_multiplier"] * privacy["clipping_norm"] / per_round
-    door = Door(
-        inner,
-        {k: tuple(v.shape) for k, v in shared.items()},
-        {k: v.dtype.name for k, v in shared.items()},
-        max_update_norm=float(cfg.get("max-update-norm", 0.0) or 0.0),
-        min_replies=int(cfg.get("min-replies", 0) or 0),
-    )
+    door, privacy = _door(cfg, shared)
     train_config = ConfigRecord(
         {
             "local-epochs": int(cfg["local-epochs"]),
@@ -362,6 +339,35 @@ def run(grid: Grid, cfg: dict[str, Any], context: Context | None = None) -> dict
     }
     atomic_write(os.path.join(out, "summary.json"), json.dumps(summary, indent=2, allow_nan=False).encode())
     return summary
+
+
+def _door(cfg: dict[str, Any], shared: dict[str, np.ndarray]) -> tuple[Door, dict[str, Any]]:
+    """The door around the run's aggregation rule (and Flower's central DP, when asked), and the DP settings."""
+    clients = int(cfg["min-clients"])
+    per_round = int(cfg.get("clients-per-round", 0) or 0) or clients
+    if not 1 <= per_round <= clients:
+        raise ConfigError(f"clients-per-round {per_round}: pick 1 to the {clients} clients of the federation")
+    sample = {
+        "fraction_train": per_round / clients,
+        "min_train_nodes": per_round,
+        "min_available_nodes": clients,
+    }
+    inner = aggregation_rule(cfg, sample)
+    privacy = {"noise_multiplier": float(cfg["dp-noise"]), "clipping_norm": float(cfg["dp-clip"])}
+    if privacy["noise_multiplier"] > 0:
+        inner = DifferentialPrivacyServerSideFixedClipping(
+            inner, privacy["noise_multiplier"], privacy["clipping_norm"], num_sampled_clients=per_round
+        )
+        privacy["mechanism"] = "central DP, server-side fixed clipping (Flower)"
+        privacy["noise_stddev"] = privacy["noise_multiplier"] * privacy["clipping_norm"] / per_round
+    door = Door(
+        inner,
+        {k: tuple(v.shape) for k, v in shared.items()},
+        {k: v.dtype.name for k, v in shared.items()},
+        max_update_norm=float(cfg.get("max-update-norm", 0.0) or 0.0),
+        min_replies=int(cfg.get("min-replies", 0) or 0),
+    )
+    return door, privacy
 
 
 def _rule_summary(cfg: dict[str, Any], door: Door) -> dict[str, Any]:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -161,29 +160,11 @@ class Simulation(Deployment):
             "init-args-log-to-driver": False,
         }
 
-    def _start_streaming(self, app_dir: str, config: str) -> subprocess.Popen:
+    def _run_args(self, app_dir: str, config: str) -> list[str]:
+        """`flwr run` on the simulation's superlink ("sim"), with the simulation's settings."""
         fed = " ".join(_toml({k: v}).strip().replace(" = ", "=") for k, v in self.federation_config().items())
-        proc = subprocess.Popen(
-            [
-                self._tool("flwr"),
-                "run",
-                app_dir,
-                "sim",
-                "--stream",
-                "--run-config",
-                config,
-                "--federation-config",
-                fed,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=self.env,
-            cwd=self.workdir,
-            start_new_session=True,
-        )
-        self.procs.append(("flwr-run", proc))
-        return proc
+        flwr = self._tool("flwr")
+        return [flwr, "run", app_dir, "sim", "--stream", "--run-config", config, "--federation-config", fed]
 
     def run(self, app_dir: str, run_config: Mapping[str, Any], **kwargs) -> None:
         for key in ("artifact", "sim-data", "sim-home"):
