@@ -151,9 +151,12 @@ def main() -> None:
     ap.add_argument("--attackers", type=int, default=2)
     ap.add_argument("--attack", default="sign-flip:4")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--local-steps", type=int, default=10)
+    ap.add_argument("--local-steps", type=int, default=20)
     ap.add_argument(
-        "--rules", nargs="+", default=["fedavg", "median", "trimmed-mean", "krum", "multi-krum", "bulyan"]
+        "--rules",
+        nargs="+",
+        default=["fedavg", "median", "trimmed-mean", "trimmed-mean:0.3", "krum", "multi-krum", "bulyan"],
+        help="rules to run under attack; trimmed-mean:T cuts the share T at each end (default 0.2)",
     )
     ap.add_argument("--out", default=str(ROOT / "docs"))
     ap.add_argument(
@@ -168,7 +171,19 @@ def main() -> None:
         plan = [("fedavg", 0)] + [(r, args.attackers) for r in args.rules]
         for rule, attackers in plan:
             print(f"{rule} with {attackers} attacker(s) of {args.clients} ...", file=sys.stderr, flush=True)
-            s = run_rule(work, rule, args.clients, attackers, args.attack, args.rounds, args.local_steps)
+            name, _, trim = rule.partition(":")  # trimmed-mean:0.3 - the share cut at each end
+            extra = {"trim": float(trim)} if trim else {}
+            s = run_rule(
+                work,
+                name,
+                args.clients,
+                attackers,
+                args.attack,
+                args.rounds,
+                args.local_steps,
+                tag=trim,
+                **extra,
+            )
             rows.append((rule, attackers, s))
             print(
                 f"  {s['initial_val_accuracy']:.1%} -> {s['final_val_accuracy']:.1%} in {s['seconds']:.0f} s",
@@ -200,7 +215,8 @@ def main() -> None:
         "Krum keeps one client's model a round (the one closest to its neighbours), multi-krum the mean of the "
         "n - f closest, Bulyan multi-krum's choice then a trimmed mean; median and trimmed-mean work per "
         "coordinate. With f unset (`--byzantine 0`) the rules assume as many attackers as the round's replies "
-        "allow (Krum: (n - 3) / 2, Bulyan: (n - 3) / 4).",
+        "allow (Krum: (n - 3) / 2, Bulyan: (n - 3) / 4). A trimmed mean withstands as many attackers as it cuts "
+        "at each end: `--trim 0.2` cuts one value of seven, `--trim 0.3` two.",
         "",
     ]
     out = Path(args.out)
