@@ -21,6 +21,8 @@ from edgetrain.core.interpreter import Interpreter, compile_step
 from edgetrain.core.ir import Graph, Node, TensorInfo
 from edgetrain.core.ops import record
 
+from .bounds import Bound, check_node, size_text
+
 # Bounds on what a model may declare (module constants: raise them here, or by keyword where one is offered).
 # One value (a graph input, an initializer, any value shape inference finds): 1 TiB.
 MAX_TENSOR_BYTES = 1 << 40
@@ -38,19 +40,17 @@ ShapeRule = Callable[[Node, Sequence[Any], int], "list[TensorInfo | None]"]
 MAX_STANDIN_STEPS = 1024
 
 
-def size_text(n: int) -> str:
-    """Bytes for a person: '37.3 GiB' (or 'about 2**200 bytes')."""
-    if n >= 1 << 60:
-        return f"about 2**{n.bit_length() - 1} bytes"
-    for unit, k in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if n >= 1 << k:
-            return f"{n / (1 << k):.1f} {unit}"
-    return f"{n} bytes"
+def tensor_bound() -> Bound:
+    """The bound on one value when a caller sets none: MAX_TENSOR_BYTES, as it is now."""
+    return Bound(
+        MAX_TENSOR_BYTES, "edgetrain allows for one tensor (edgetrain.graph.passes.MAX_TENSOR_BYTES)"
+    )
 
 
-def check_size(info: TensorInfo, what: str) -> int:
-    """The bytes of a static TensorInfo; ModelError for a negative dimension, ModelLimitError beyond
-    MAX_TENSOR_BYTES (a dimension of 2**62, dimensions whose product overflows int64)."""
+def check_size(info: TensorInfo, what: str, bound: Bound | None = None) -> int:
+    """The bytes of a static TensorInfo; ModelError for a negative dimension, ModelLimitError beyond the bound
+    (MAX_TENSOR_BYTES by default: a dimension of 2**62, dimensions whose product overflows int64)."""
+    bound = bound or tensor_bound()
     if info.shape is None:
         return 0
     for k, d in enumerate(info.shape):
@@ -63,13 +63,13 @@ def check_size(info: TensorInfo, what: str) -> int:
     span = np.dtype(info.dtype).itemsize
     for d in info.shape:
         span *= max(int(d), 1)
-    if span > MAX_TENSOR_BYTES:
+    if span > bound.limit:
         n = max(n, span)
-    if n > MAX_TENSOR_BYTES:
+    if n > bound.limit:
         raise ModelLimitError(
-            f"{what} ({info}) would hold {size_text(n)}, more than the {size_text(MAX_TENSOR_BYTES)} edgetrain "
-            "allows for one tensor (edgetrain.graph.passes.MAX_TENSOR_BYTES); check the model's shapes",
-            limit=MAX_TENSOR_BYTES,
+            f"{what} ({info}) would hold {size_text(n)}, more than the {size_text(bound.limit)} {bound.whose}; "
+            "check the model's shapes",
+            limit=bound.limit,
             needed=n,
         )
     return n
@@ -93,6 +93,7 @@ def shape_step(
     fill: Callable[..., np.ndarray] = np.zeros,
     rule: ShapeRule | None = None,
     opset: int = 18,
+    bound: Bound | None = None,
 ) -> list[Any]:
     """One node's outputs for shape inference: arrays where it ran, TensorInfo where only the shape is known.
 
@@ -102,7 +103,9 @@ def shape_step(
     values stay exact, so Reshape targets computed from them do too). With a rule, a node whose inputs or
     outputs are larger than STANDIN_BYTES does not run: the rule gives its output shapes. Raises what the kernel
     raises when it fails on the stand-ins, ModelLimitError when a value is too large to run and the rule cannot
-    tell its shape."""
+    tell its shape, and, before a node runs, when an input, an output or its kernel's working copy would be larger
+    than bound (MAX_TENSOR_BYTES by default; edgetrain.graph.bounds predicts them)."""
+    bound = bound or tensor_bound()
     label = node.label
     if record(node.op_type).reads_shape and not node.domain:  # exact on a zero-strided view
         return _outputs(node, fn(*[_view(a) if isinstance(a, TensorInfo) else a for a in args], **kwargs))
@@ -114,7 +117,9 @@ def shape_step(
         except ShapeError as e:
             refused = e
     sizes = [
-        check_size(_info(a), f"{label}: input '{i}'") for a, i in zip(args, node.inputs) if a is not None
+        check_size(_info(a), f"{label}: input '{i}'", bound)
+        for a, i in zip(args, node.inputs)
+        if a is not None
     ]
     big = [size for size in sizes if size > STANDIN_BYTES]
     if record(node.op_type).sequential and args and args[0] is not None:  # a Python loop over the sequence
@@ -124,7 +129,7 @@ def shape_step(
             big.append(sizes[0])
     for o, p in zip(node.outputs, predicted or ()):
         if o and p is not None:
-            size = check_size(p, f"{label}: output '{o}'")
+            size = check_size(p, f"{label}: output '{o}'", bound)
             if size > STANDIN_BYTES:
                 big.append(size)
     if big and rule is not None:
@@ -140,6 +145,7 @@ def shape_step(
                 needed=max(big),
             )
         return [p if o else None for o, p in zip(node.outputs, predicted)]  # type: ignore[arg-type]
+    check_node(node, args, bound)  # what it would allocate, before it runs
     real = [
         _standin(a, fill, f"{label}: input '{i}'") if isinstance(a, TensorInfo) else a
         for a, i in zip(args, node.inputs)
@@ -147,7 +153,7 @@ def shape_step(
     outs = _outputs(node, fn(*real, **kwargs))
     for o, r in zip(node.outputs, outs):
         if o and r is not None:
-            check_size(_info(r), f"{label}: output '{o}'")
+            check_size(_info(r), f"{label}: output '{o}'", bound)
     return outs
 
 
@@ -175,7 +181,11 @@ def contiguous(a: np.ndarray) -> np.ndarray:
 
 
 def fix_input_shapes(
-    graph: Graph, *, batch_size: int | None = None, shapes: Mapping[str, Sequence[int]] | None = None
+    graph: Graph,
+    *,
+    batch_size: int | None = None,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    bound: Bound | None = None,
 ) -> Graph:
     """Makes every graph input static: shapes[name] when given, else a symbolic or unknown leading
     dimension becomes batch_size. Any dimension left unknown is a ShapeError that says what to pass."""
@@ -225,16 +235,17 @@ def fix_input_shapes(
             )
             raise ShapeError(f"input '{name}' ({info}): dimension {k} is {what}; {hint}")
         values[name] = TensorInfo(info.dtype, tuple(dims))
-        check_size(values[name], f"input '{name}'")
+        check_size(values[name], f"input '{name}'", bound)
     return graph.copy(values=values)
 
 
-def infer_shapes(graph: Graph, *, rule: ShapeRule | None = None) -> Graph:
+def infer_shapes(graph: Graph, *, rule: ShapeRule | None = None, bound: Bound | None = None) -> Graph:
     """Static shape inference by execution: runs the graph node by node on zeros of the (static) input shapes
     and records every value's dtype and shape (again on ones if zeros fail, e.g. in an integer division). Exact
     for every op the interpreter runs, as long as no shape depends on the data (check_static_shapes reports
     those). With a shape rule (the build side), a value larger than STANDIN_BYTES is never allocated: the
-    nodes around it get their shapes from the rule (see shape_step)."""
+    nodes around it get their shapes from the rule (see shape_step). Every input, and every node's outputs and
+    working copy, are held to bound (MAX_TENSOR_BYTES by default) before anything of their size is allocated."""
 
     graph.verify()
     for name in graph.inputs:
@@ -242,13 +253,13 @@ def infer_shapes(graph: Graph, *, rule: ShapeRule | None = None) -> Graph:
             raise ShapeError(
                 f"input '{name}' ({graph.values[name]}) has no static shape; fix it first (batch_size=...)"
             )
-        check_size(graph.values[name], f"input '{name}'")
+        check_size(graph.values[name], f"input '{name}'", bound)
     steps = [(node, *compile_step(node)) for node in graph.nodes]
     last_use = {i: k for k, node in enumerate(graph.nodes) for i in node.inputs if i}
     first_error: EdgeTrainError | None = None
     for fill in (np.zeros, np.ones):
         try:
-            record = _walk(graph, steps, last_use, fill, rule)
+            record = _walk(graph, steps, last_use, fill, rule, bound)
             break
         except LimitError:
             raise
@@ -270,7 +281,7 @@ def _prefixed(e: EdgeTrainError, text: str) -> EdgeTrainError:
 
 
 def _walk(
-    graph: Graph, steps, last_use: dict[str, int], fill, rule: ShapeRule | None
+    graph: Graph, steps, last_use: dict[str, int], fill, rule: ShapeRule | None, bound: Bound | None = None
 ) -> dict[str, TensorInfo]:
     """The TensorInfo of every value the nodes compute, from one pass over stand-ins (see shape_step)."""
     env: dict[str, Any] = dict(graph.initializers)
@@ -283,7 +294,9 @@ def _walk(
         args = [env[i] if i else None for i in node.inputs]
         try:
             with np.errstate(all="ignore"):  # made-up inputs: overflow or log(0) here mean nothing
-                outs = shape_step(node, fn, kwargs, args, fill=fill, rule=rule, opset=graph.opset)
+                outs = shape_step(
+                    node, fn, kwargs, args, fill=fill, rule=rule, opset=graph.opset, bound=bound
+                )
         except LimitError:
             raise
         except EdgeTrainError as e:
@@ -330,6 +343,7 @@ def fold_constants(
     keep: Collection[str] = (),
     rule: ShapeRule | None = None,
     max_bytes: int | None = None,
+    bound: Bound | None = None,
 ) -> Graph:
     """Evaluates every node whose inputs are all constants (and Shape/Size of static values) and turns its
     outputs into initializers. Weights built by ConstantOfShape become ordinary initializers this way.
@@ -337,8 +351,9 @@ def fold_constants(
     keep names parameters: values that depend on them are never folded (they change as training goes), though a
     kept value that is itself computed from constants is (it becomes the parameter's initializer).
     The initializers and the folded constants together may hold max_bytes (MAX_PARAMETER_BYTES by default): a
-    node that would fold beyond it is a ModelLimitError, found before it runs from the shapes already inferred or
-    from the shape rule."""
+    node that would fold beyond it is a ModelLimitError, found before it runs from the shapes already inferred, the
+    shape rule, or (neither known) edgetrain.graph.bounds, which also holds its kernel's working copy to bound
+    (MAX_TENSOR_BYTES by default)."""
 
     limit = MAX_PARAMETER_BYTES if max_bytes is None else int(max_bytes)
     keep = set(keep)
@@ -352,7 +367,7 @@ def fold_constants(
             kept.append(node)
             continue
         inputs = [i for i in node.inputs if i]
-        size = _fold_size(node, graph, values, consts, rule, total, limit, keep)
+        size = _fold_size(node, graph, values, consts, rule, total, limit, keep, bound or tensor_bound())
         if size is None:  # a large constant spread from small ones (a broadcast gradient seed): stays a node
             kept.append(node)
             continue
@@ -382,7 +397,9 @@ def fold_constants(
     return graph.copy(nodes=kept, initializers=initializers, values=values)
 
 
-def _fold_size(node: Node, graph: Graph, values, consts, rule, total: int, limit: int, keep) -> int | None:
+def _fold_size(
+    node: Node, graph: Graph, values, consts, rule, total: int, limit: int, keep, bound: Bound
+) -> int | None:
     """The bytes folding node would add (as far as known before running it); ModelLimitError beyond limit. None
     when the node is better not folded: an output larger than STANDIN_BYTES and than all its inputs together,
     that is no parameter (an Expand of a scalar to the batch is cheap to compute at every step, and folded it
@@ -390,12 +407,15 @@ def _fold_size(node: Node, graph: Graph, values, consts, rule, total: int, limit
     if record(node.op_type).reads_shape:
         return 0
     infos = [values.get(o) if o else None for o in node.outputs]
+    args = [consts.get(i) if i else None for i in node.inputs]
+    found = check_node(node, args, bound)  # what its constants ask for, whatever the model declares
     if any(o and (i is None or not i.is_static) for o, i in zip(node.outputs, infos)) and rule is not None:
-        args = [consts.get(i) if i else None for i in node.inputs]
         try:
             infos = rule(node, args, graph.opset)
         except ShapeError:
             pass  # the node runs, and its kernel says what is wrong in its own words
+    elif rule is None and found is not None:  # the device side: the outputs as far as known before it runs
+        infos = [i if i is not None and i.is_static else f for i, f in zip(infos, found.outputs)]
     size = sum(check_size(i, f"{node.label}: output '{o}'") for o, i in zip(node.outputs, infos) if o and i)
     read = sum(int(consts[i].nbytes) for i in node.inputs if i in consts)
     if size > max(STANDIN_BYTES, read) and not any(o in keep for o in node.outputs):
@@ -536,16 +556,21 @@ def make_static(
     keep: Collection[str] = (),
     rule: ShapeRule | None = None,
     max_bytes: int | None = None,
+    bound: Bound | None = None,
 ) -> Graph:
     """The whole static pipeline: bind constant inputs, fix input shapes, infer shapes, fold constants (never
     through the parameters named in keep), drop no-ops and dead code. rule (the build side gives onnx's shape
-    inference) lets shape inference skip values too large to stand in; max_bytes bounds the constants folded."""
+    inference) lets shape inference skip values too large to stand in; max_bytes bounds the constants folded;
+    bound every value (MAX_TENSOR_BYTES by default), before anything of its size is allocated."""
     g = bind_inputs(graph, constants or {})
     g = fix_input_shapes(
-        g, batch_size=batch_size, shapes={k: v for k, v in (shapes or {}).items() if k in g.inputs}
+        g,
+        batch_size=batch_size,
+        shapes={k: v for k, v in (shapes or {}).items() if k in g.inputs},
+        bound=bound,
     )
-    g = infer_shapes(g, rule=rule)
-    g = fold_constants(g, keep=keep, rule=rule, max_bytes=max_bytes)
+    g = infer_shapes(g, rule=rule, bound=bound)
+    g = fold_constants(g, keep=keep, rule=rule, max_bytes=max_bytes, bound=bound)
     g = eliminate_noops(g)
     g = prune(g)
     check_static_shapes(g)

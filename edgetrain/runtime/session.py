@@ -9,9 +9,10 @@ from typing import Any
 
 import numpy as np
 
-from edgetrain.core.errors import FeedError
+from edgetrain.core.errors import ConfigError, FeedError
 from edgetrain.core.interpreter import Interpreter, check_feeds
 from edgetrain.core.ir import Graph
+from edgetrain.graph.bounds import Bound
 from edgetrain.graph.passes import fold_constants, make_static, shape_deciding_inputs
 
 from .threads import apply_threads
@@ -134,6 +135,11 @@ def _integer_refusal(name: str, given: np.dtype, want: np.dtype, pipeline, value
     return err
 
 
+# The most bytes one value of an InferenceSession may take (an input, a constant, any value a node computes, a
+# kernel's working copy): a phone has a few GB. InferenceSession(max_value_bytes=) or this constant raises it.
+MAX_VALUE_BYTES = 4 << 30
+
+
 @dataclass(frozen=True)
 class NodeArg:
     """An input or output as onnxruntime describes it: name, shape (str for symbolic dims), type string."""
@@ -157,6 +163,11 @@ class InferenceSession:
     with what to do (they would be fed unscaled: see input_cast). allow_cast=True casts every numeric feed to
     its input's dtype as it is (uint8 0-255 pixels become 0.0-255.0, float64 becomes float32, int32 ids int64);
     floats are never cast to an integer input.
+
+    Every value the model asks for is sized from the shapes before it is allocated: one beyond max_value_bytes
+    (MAX_VALUE_BYTES, 4 GiB, by default), a 40 GiB static input or ConstantOfShape say, is a ModelLimitError
+    naming the node, its op, the shape and the bytes, at load (or at the first run of a shape that follows the
+    feeds).
     """
 
     def __init__(
@@ -167,22 +178,24 @@ class InferenceSession:
         shapes: Mapping[str, Sequence[int]] | None = None,
         threads: int | None = None,
         allow_cast: bool = False,
+        max_value_bytes: int | None = None,
     ):
         self.threads = apply_threads(threads)
         self.allow_cast = bool(allow_cast)
+        self._bound = _value_bound(max_value_bytes)
         if isinstance(model, Graph):
             graph = model
         else:
             from edgetrain.onnx_io.reader import from_onnx  # needs onnx: an optional dependency
 
             graph = from_onnx(model)
-        self._base = fold_constants(graph, fold_shapes=False)
+        self._base = fold_constants(graph, fold_shapes=False, bound=self._bound)
         self._batch_size = batch_size
         self._programs: dict[tuple, Interpreter] = {}
         self._shape_inputs = shape_deciding_inputs(self._base)
         static = all(self._base.values[n].is_static for n in self._base.inputs)
         if not self._shape_inputs and (batch_size is not None or shapes or static):
-            g = make_static(self._base, batch_size=batch_size, shapes=shapes)
+            g = make_static(self._base, batch_size=batch_size, shapes=shapes, bound=self._bound)
             self._fixed: Interpreter | None = Interpreter(g)
         else:
             self._fixed = None
@@ -220,7 +233,9 @@ class InferenceSession:
         prog = self._programs.get(key)
         if prog is None:
             shapes = {n: np.shape(feeds[n]) for n in self._base.inputs}
-            g = make_static(self._base, batch_size=self._batch_size, shapes=shapes, constants=bound)
+            g = make_static(
+                self._base, batch_size=self._batch_size, shapes=shapes, constants=bound, bound=self._bound
+            )
             prog = self._programs[key] = Interpreter(g)
         return prog
 
@@ -260,3 +275,15 @@ class InferenceSession:
                     f"{', '.join(repr(o) for o in prog.graph.outputs)}"
                 )
         return prog.run(feeds, output_names)
+
+
+def _value_bound(max_value_bytes: int | None) -> Bound:
+    """max_value_bytes= of an InferenceSession (MAX_VALUE_BYTES when None), as the shape-only passes take it."""
+    limit = MAX_VALUE_BYTES if max_value_bytes is None else max_value_bytes
+    if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or limit < 1:
+        raise ConfigError(f"max_value_bytes must be a whole number of bytes >= 1, not {max_value_bytes!r}")
+    how = (
+        "its max_value_bytes=" if max_value_bytes is not None else "edgetrain.runtime.session.MAX_VALUE_BYTES"
+    )
+    raise_it = "InferenceSession(..., max_value_bytes=N) raises it"
+    return Bound(int(limit), f"an InferenceSession allows for one value ({how}; {raise_it})")
