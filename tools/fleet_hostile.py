@@ -32,7 +32,8 @@ def train(msg: Message, context) -> Message:
     if not attack or reply.has_error():
         return reply
     kind, _, k = attack.partition(":")
-    if kind == "drop-out":  # gone after training: no reply (in SecAgg+, after the key exchange, before unmasking)
+    # drop-out: gone after training, no reply (in SecAgg+: after the key exchange, before unmasking)
+    if kind == "drop-out":
         return Message(Error(code=2, reason="the device dropped out"), reply_to=msg)
     k = float(k or 1.0)
     got, sent = from_records(msg.content["arrays"]), from_records(reply.content["arrays"])
