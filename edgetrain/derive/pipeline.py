@@ -14,6 +14,7 @@ import numpy as np
 from edgetrain.core.errors import ShapeError, UnsupportedError
 from edgetrain.core.interpreter import compile_step
 from edgetrain.core.ir import Graph, TensorInfo, about
+from edgetrain.core.ops import QUANTIZED_OPS
 from edgetrain.graph.passes import fold_constants, make_static, prune
 from edgetrain.graph.rebatch import (
     BatchPlan,
@@ -312,6 +313,19 @@ def _fused_program(
     }
 
 
+def _refuse_quantized(graph: Graph) -> None:
+    """An int8 model runs (InferenceSession) but does not train yet: said by its first quantized node, before the
+    parameter roles, whose "no initializers in a parameter role" would mislead (its weights are int8 constants)."""
+    for node in graph.nodes:
+        if node.op_type in QUANTIZED_OPS:
+            raise UnsupportedError(
+                f"node '{node.name}' ({node.op_type}) is a quantized op: edgetrain runs int8 models "
+                "(InferenceSession) but does not train them yet. edgetrain trains float models: convert the float "
+                "model, as exported before quantization, and quantize the personalized export with "
+                "onnxruntime.quantization"
+            )
+
+
 def read_roles(
     imported: Graph, *, untie: bool | Sequence[str] = False, parameters: Any = None
 ) -> tuple[Graph, Roles, list[str]]:
@@ -320,6 +334,7 @@ def read_roles(
     initializer's role on it; the notes that say what was undone. `convert` and `check` read a model the same
     way. parameters: a parameter manifest (a dict or a JSON file; see edgetrain.derive.manifest), else the model's
     own, if it has one: then it alone decides what trains."""
+    _refuse_quantized(imported)
     manifest = read_manifest(imported, parameters)
     imported, untied = untie_merged(imported)
     imported, states = batch_free_states(imported)

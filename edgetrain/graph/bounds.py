@@ -21,7 +21,6 @@ import numpy as np
 from edgetrain.core.errors import EdgeTrainError, ModelLimitError
 from edgetrain.core.ir import Node, TensorInfo
 from edgetrain.core.kernels.cast import ONNX_TO_NUMPY
-from edgetrain.core.kernels.nn import conv_output_shape, conv_transpose_output_shape, pool_output_shape
 from edgetrain.core.kernels.resize import resize_plan
 from edgetrain.core.ops import record
 
@@ -283,6 +282,8 @@ def _conv(node: Node, args: Sequence[Any]) -> Need:
     x, w = _shape(args[0]), _shape(args[1])
     nd = len(x) - 2
     attrs = {k: node.attrs.get(k) for k in ("dilations", "pads", "strides")}
+    from edgetrain.core.kernels.nn import conv_output_shape  # start-up: import loads no kernels
+
     out, p = conv_output_shape(x[2:], w[2:], auto_pad=node.attrs.get("auto_pad", "NOTSET"), **attrs)
     s, d = _per_axis(attrs["strides"], nd, 1), _per_axis(attrs["dilations"], nd, 1)
     scratch = _like(args[0], _padded(x, p, out, w[2:], s, d))
@@ -292,6 +293,8 @@ def _conv(node: Node, args: Sequence[Any]) -> Need:
 def _conv_transpose(node: Node, args: Sequence[Any]) -> Need:
     x, w = _shape(args[0]), _shape(args[1])
     keys = ("dilations", "output_padding", "output_shape", "pads", "strides")
+    from edgetrain.core.kernels.nn import conv_transpose_output_shape  # start-up: import loads no kernels
+
     out, p = conv_transpose_output_shape(
         x[2:], w[2:], auto_pad=node.attrs.get("auto_pad", "NOTSET"), **{k: node.attrs.get(k) for k in keys}
     )
@@ -304,6 +307,8 @@ def _pool(node: Node, args: Sequence[Any]) -> Need:
     x = _shape(args[0])
     nd, k = len(x) - 2, node.attrs["kernel_shape"]
     attrs = {key: node.attrs.get(key) for key in ("dilations", "pads", "strides")}
+    from edgetrain.core.kernels.nn import pool_output_shape  # start-up: import loads no kernels
+
     out, p = pool_output_shape(
         x[2:],
         k,
