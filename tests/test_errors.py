@@ -353,23 +353,14 @@ def quantized(tmp_path_factory):
     return d
 
 
-@pytest.mark.parametrize(
-    "form,op",
-    [("dynamic", "DynamicQuantizeLinear"), ("qdq", "DequantizeLinear"), ("qoperator", "QuantizeLinear")],
-)
-def test_a_quantized_model_is_refused_by_its_quantized_op_with_the_float_model_hint(quantized, form, op):
-    """An int8 model runs (tests/test_quantized_models.py) but does not train yet: convert and check both name its
-    first quantized node and say to convert the float model. The check comes before the parameter roles (whose "no
-    initializers in a parameter role" would mislead)."""
-    from edgetrain.derive.check import check
-
-    path = str(quantized / f"{form}.onnx")
-    for attempt in (
-        lambda: et.convert(path, loss=et.CrossEntropyLoss(), optimizer=et.SGD(lr=0.1), batch_size=2),
-        lambda: check(path),
-    ):
-        with pytest.raises(et.UnsupportedError) as e:
-            attempt()
-        text = str(e.value)
-        assert f"({op})" in text and "convert the float model, as exported before quantization" in text, text
-        assert "parameter role" not in text
+def test_an_int8_model_with_blocked_quantization_is_refused_by_its_node(quantized, tmp_path):
+    """An int8 model trains (tests/test_qat.py), but a weight quantized in blocks (block_size) has no fake
+    quantization here: convert names the node and says what would work."""
+    model = onnx.load(str(quantized / "qdq.onnx"))
+    node = next(n for n in model.graph.node if n.op_type == "DequantizeLinear" and "weight" in n.input[0])
+    node.attribute.append(onnx.helper.make_attribute("block_size", 2))
+    path = tmp_path / "blocked.onnx"
+    onnx.save(model, str(path))
+    with pytest.raises(et.EdgeTrainError) as e:
+        et.convert(str(path), loss=et.CrossEntropyLoss(), optimizer=et.SGD(lr=0.1), batch_size=2)
+    assert node.name in str(e.value) and ("block" in str(e.value)), str(e.value)

@@ -324,12 +324,21 @@ _TABLE: list[OpRecord] = [
         no_rule=_BACKWARD,
     ),
     *_all("LSTMGrad GRUGrad RNNGrad", domain=PRIVATE_DOMAIN, sequential=True, no_rule=_BACKWARD),
+    # quantization-aware training: QuantizeLinear -> DequantizeLinear as one op (a float master weight read through
+    # its int8 grid, an activation's quantization); a weight read through it is still the initializer under it
+    OpRecord(
+        "FakeQuantize",
+        domain=PRIVATE_DOMAIN,
+        rearranges=True,
+        quantized=(QParams(0, 1, 2, _attr_axis),),
+        rows=rows.on_axis(1),
+    ),
+    OpRecord("FakeQuantizeGrad", domain=PRIVATE_DOMAIN, no_rule=_BACKWARD, rows=rows.on_axis(1)),
     *_QUANTIZED_OPS,
 ]
 OPS: dict[str, OpRecord] = {r.op_type: r for r in _TABLE}
-QUANTIZED_OPS = frozenset(
-    r.op_type for r in _QUANTIZED_OPS
-)  # they run; training through them is not written yet
+# the ops of an int8 model: they run; training lowers them to float ops and FakeQuantize (edgetrain.graph.quantized)
+QUANTIZED_OPS = frozenset(r.op_type for r in _QUANTIZED_OPS)
 assert len(OPS) == len(_TABLE), "two records for one op"
 
 

@@ -52,6 +52,10 @@ class TrainingArtifact:
     fused: dict | None = None
     # the declared input pipeline (loaders.InputPipeline.to_json()), or None: data is fed as readers give it
     preprocessing: dict | None = None
+    # an int8 model: its form and trained masters (edgetrain.graph.quantized.Lowered.header), and the model as
+    # imported, which the export writes again with the trained weights requantized
+    quantized: tuple[dict, dict[str, np.ndarray]] | None = None
+    quantized_model: Graph | None = None
 
     @property
     def frozen(self) -> list[str]:
@@ -149,4 +153,15 @@ def save_artifact(art: TrainingArtifact, path: str | os.PathLike) -> int:
     }
     if art.preprocessing is not None:
         header["preprocessing"] = art.preprocessing
+    if art.quantized is not None and art.quantized_model is not None:
+        qdict, qtensors = graph_to_dict(art.quantized_model)
+        for name, arr in qtensors.items():
+            if name in tensors:
+                assert np.array_equal(tensors[name], arr), f"tensor '{name}' differs in the int8 model"
+            tensors.setdefault(name, arr)
+        qheader, consts = art.quantized
+        for name, arr in consts.items():
+            assert name not in tensors or np.array_equal(tensors[name], arr), f"constant '{name}' differs"
+            tensors.setdefault(name, arr)
+        header["quantized"] = {**qheader, "model": qdict}
     return write_container(path, kind="artifact", header=header, tensors=tensors)

@@ -145,7 +145,7 @@ def check(model: Any, *, batch_size: int | None = 1) -> CheckReport:
 
 def _check(model: Any, batch_size: int | None) -> CheckReport:
     proto = load_model(model)
-    imported, roles, untied = read_roles(from_onnx(proto))
+    imported, roles, untied, lowered = read_roles(from_onnx(proto))
     base = fold_constants(imported, fold_shapes=False, keep=roles.parameters, rule=node_shapes)
     roles = _with_folded_statistics(roles.finalize(base), base)
     graph = make_static(base, batch_size=batch_size, keep=roles.parameters, rule=node_shapes)

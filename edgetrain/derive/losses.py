@@ -267,7 +267,7 @@ def _auto_axis(g: GradContext, prediction: str, notes: list[str]) -> int:
     MatMul/Gemm head (a linear layer writes its features last), else 1 after a Conv, or for [batch, classes]."""
     shape = list(g.shape(prediction))
     rank = len(shape)
-    producer = g.graph.producers().get(prediction)
+    producer = _producer(g, prediction)
     head = _head(g, prediction)
     if producer is not None and producer.op_type in ("Softmax", "LogSoftmax"):
         axis, why = g.attr(producer, "axis") % rank, f"the model's {producer.op_type} runs over it"
@@ -303,9 +303,19 @@ def _head(g: GradContext, value: str) -> str:
     return p.op_type if p is not None else ""
 
 
+def _producer(g: GradContext, value: str):
+    """The node that computes the model output `value`, through the fake quantization an int8 model puts on its
+    output (the loss reads the values under it, as PyTorch's QAT computes its loss on float logits)."""
+    producers = g.graph.producers()
+    p = producers.get(value)
+    if p is not None and p.op_type == "FakeQuantize":
+        p = producers.get(p.inputs[0])
+    return p
+
+
 def _logits(g: GradContext, prediction: str, axis: int) -> str:
     """The logits under the model output: its Softmax/LogSoftmax input when it has one over the class axis."""
-    producer = g.graph.producers().get(prediction)
+    producer = _producer(g, prediction)
     if producer is not None and producer.op_type in ("Softmax", "LogSoftmax"):
         if g.attr(producer, "axis") % len(g.shape(prediction)) == axis:
             return producer.inputs[0]
@@ -315,13 +325,13 @@ def _logits(g: GradContext, prediction: str, axis: int) -> str:
 def _log_probabilities(g: GradContext, prediction: str) -> str:
     """log-softmax over axis 1 of the logits under the model output: the output's Softmax/LogSoftmax input when
     it has one over that axis, else the output itself taken as logits."""
-    producer = g.graph.producers().get(prediction)
+    producer = _producer(g, prediction)
     rank = len(g.shape(prediction))
     if producer is not None and producer.op_type in ("Softmax", "LogSoftmax"):
         axis = g.attr(producer, "axis") % rank
         if axis == 1:
             if producer.op_type == "LogSoftmax":
-                return prediction
+                return producer.outputs[0]
             return g.op("LogSoftmax", producer.inputs[0], axis=1)
     return g.op("LogSoftmax", prediction, axis=1)
 

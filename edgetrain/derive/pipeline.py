@@ -14,8 +14,9 @@ import numpy as np
 from edgetrain.core.errors import ShapeError, UnsupportedError
 from edgetrain.core.interpreter import compile_step
 from edgetrain.core.ir import Graph, TensorInfo, about
-from edgetrain.core.ops import QUANTIZED_OPS
 from edgetrain.graph.passes import fold_constants, make_static, prune
+from edgetrain.graph.quantized import Lowered, refreeze
+from edgetrain.graph.quantized import lower as lower_quantized
 from edgetrain.graph.rebatch import (
     BatchPlan,
     apply_batch_plan,
@@ -131,6 +132,8 @@ def _convert(model, loss, optimizer, trainable, batch_size, output, reading) -> 
         notes=m.notes + ext.notes,
         batch_plan=m.batch_plan,
         fused=fused,
+        quantized=None if m.lowered is None else m.lowered.header(ext.params),  # (header, its constants)
+        quantized_model=None if m.lowered is None else m.lowered.original,
     )
 
 
@@ -155,6 +158,7 @@ class _StaticModel:
     chosen: list[str]  # the parameters asked to train
     batch_plan: BatchPlan | None
     notes: list[str]
+    lowered: Lowered | None = None  # an int8 model's lowering (the model as imported, for its int8 export)
 
 
 def _static_model(imported: Graph, trainable, batch_size: int | None, rule, reading) -> _StaticModel:
@@ -162,8 +166,10 @@ def _static_model(imported: Graph, trainable, batch_size: int | None, rule, read
     parameter: an embedding table gathered at constant positions stays a table that trains); the base graph;
     the inference graph made static at the training batch (a fixed-batch export re-batched, and checked)."""
     untie, parameters = reading
-    imported, roles, untied = read_roles(imported, untie=untie, parameters=parameters)
+    imported, roles, untied, lowered = read_roles(imported, untie=untie, parameters=parameters)
     chosen = select_trainable(roles, trainable)
+    if lowered is not None:  # frozen weights go back to int8
+        imported = refreeze(lowered, imported, set(chosen))
     base = fold_constants(imported, fold_shapes=False, keep=set(roles.parameters) | set(chosen), rule=rule)
     roles = roles.finalize(base)
     plan, notes = _rebatch(base, batch_size, rule)
@@ -174,7 +180,7 @@ def _static_model(imported: Graph, trainable, batch_size: int | None, rule, read
         from edgetrain.onnx_io.shapes import check_types  # onnx is installed: the rule came from it
 
         check_types(inference)
-    return _StaticModel(inference, base, roles, chosen, plan, untied + _decisions(roles) + notes)
+    return _StaticModel(inference, base, roles, chosen, plan, untied + _decisions(roles) + notes, lowered)
 
 
 def _decisions(roles: Roles) -> list[str]:
@@ -313,28 +319,19 @@ def _fused_program(
     }
 
 
-def _refuse_quantized(graph: Graph) -> None:
-    """An int8 model runs (InferenceSession) but does not train yet: said by its first quantized node, before the
-    parameter roles, whose "no initializers in a parameter role" would mislead (its weights are int8 constants)."""
-    for node in graph.nodes:
-        if node.op_type in QUANTIZED_OPS:
-            raise UnsupportedError(
-                f"node '{node.name}' ({node.op_type}) is a quantized op: edgetrain runs int8 models "
-                "(InferenceSession) but does not train them yet. edgetrain trains float models: convert the float "
-                "model, as exported before quantization, and quantize the personalized export with "
-                "onnxruntime.quantization"
-            )
-
-
 def read_roles(
     imported: Graph, *, untie: bool | Sequence[str] = False, parameters: Any = None
-) -> tuple[Graph, Roles, list[str]]:
+) -> tuple[Graph, Roles, list[str], Lowered | None]:
     """The graph as imported, with what exporters did to tensors undone (merged tensors of different kinds,
     batch-fixed recurrent states, parameters folded into constants, one tensor written twice), and every
     initializer's role on it; the notes that say what was undone. `convert` and `check` read a model the same
     way. parameters: a parameter manifest (a dict or a JSON file; see edgetrain.derive.manifest), else the model's
-    own, if it has one: then it alone decides what trains."""
-    _refuse_quantized(imported)
+    own, if it has one: then it alone decides what trains. An int8 model is lowered first (edgetrain.graph.quantized:
+    float master weights read through fake quantization), and the lowering comes back as the fourth value (None for a
+    float model)."""
+    lowered = lower_quantized(imported)
+    if lowered is not None:
+        imported = lowered.graph
     manifest = read_manifest(imported, parameters)
     imported, untied = untie_merged(imported)
     imported, states = batch_free_states(imported)
@@ -353,7 +350,9 @@ def read_roles(
             f"the parameters are those of the model's manifest ({manifest.source}): {len(manifest.parameters)} "
             f"tensor(s) train, {len(manifest.frozen)} frozen by their author"
         )
-    return imported, roles, notes
+    if lowered is not None:
+        notes = lowered.notes + notes
+    return imported, roles, notes, lowered
 
 
 def _rebatch(base: Graph, batch_size: int | None, rule=None) -> tuple[BatchPlan | None, list[str]]:

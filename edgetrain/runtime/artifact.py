@@ -44,6 +44,8 @@ class LoadedArtifact:
     tensors: dict[str, np.ndarray]
     batch_plan: BatchPlan | None = None
     fused: dict[str, Any] | None = None  # {"program": Graph, "plan": MemoryPlan, "gradients", "state_roles"}
+    # an int8 model's: {"form": str, "weights": [QuantWeight], "model": the int8 Graph the export writes again}
+    quantized: dict[str, Any] | None = None
 
     @property
     def io(self) -> dict[str, Any]:
@@ -128,7 +130,41 @@ def load_artifact(
         _fed(path, fprogram, io, "fused step program")
         if io["loss"] not in fprogram.outputs:
             raise _bad(path, f"its fused step program does not output the loss '{io['loss']}'")
-    return LoadedArtifact(path, header, program, base, plan, initial, tensors, batch_plan, fused)
+    quantized = None
+    if header.get("quantized") is not None:
+        quantized = _quantized(path, header["quantized"], graph, io, tensors)
+    return LoadedArtifact(path, header, program, base, plan, initial, tensors, batch_plan, fused, quantized)
+
+
+def _quantized(path: str, q: Any, graph, io: dict, tensors: dict[str, np.ndarray]) -> dict[str, Any]:
+    """An int8 model's export: its form, the trained masters (each a parameter, its integer tensor in the int8
+    model, its scale and zero point constants of the inference graph) and the int8 model itself, checked."""
+    from edgetrain.graph.quantized import QuantWeight  # only an int8 model's artifact needs it
+
+    if not isinstance(q, dict) or any(k not in q for k in ("form", "weights", "model", "constants")):
+        raise _bad(path, "its int8 export lacks 'form', 'weights', 'constants' or 'model'")
+    model = graph(q["model"], "int8 model")
+    names = q["constants"] if isinstance(q["constants"], list) else [None]
+    if any(not isinstance(n, str) or n not in tensors for n in names):
+        raise _bad(path, "its int8 export names a scale or zero point that is not in the file")
+    consts = {n: tensors[n] for n in names}
+    weights = []
+    for d in q["weights"] if isinstance(q["weights"], list) else [None]:
+        try:
+            w = QuantWeight.from_dict(d)
+        except (TypeError, AttributeError) as e:
+            raise _bad(path, f"its int8 export lists a malformed weight ({e})") from None
+        needed = [w.scale] + ([w.zero_point] if w.kind == "weight" else []) + list(w.scale_from)
+        if (
+            w.name not in io["parameters"]
+            or w.source not in model.initializers
+            or any(c not in consts for c in needed)
+        ):
+            raise _bad(
+                path, f"its int8 export's weight '{w.name}' names a tensor that is not in the artifact"
+            )
+        weights.append(w)
+    return {"form": str(q["form"]), "weights": weights, "model": model, "constants": consts}
 
 
 def _bad(path: str, what: str) -> ArtifactError:

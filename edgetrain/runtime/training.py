@@ -13,7 +13,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from edgetrain.core.container import read_container, short, write_container
-from edgetrain.core.errors import ArtifactError, ExecutionError, FeedError, NonFiniteError, UnsupportedError
+from edgetrain.core.errors import (
+    ArtifactError,
+    ConfigError,
+    ExecutionError,
+    FeedError,
+    NonFiniteError,
+    UnsupportedError,
+)
 from edgetrain.core.interpreter import Interpreter, check_feeds
 from edgetrain.graph.passes import make_static, prune
 from edgetrain.graph.prefix import split_step
@@ -408,33 +415,50 @@ class TrainingSession:
         return float(loss), output
 
     def run(self, x: Any) -> np.ndarray:
-        """The model's (first) output with the current parameters; any batch size."""
+        """The model's (first) output with the current parameters; any batch size. An int8 model runs as it
+        exports: its integer graph, the trained weights requantized (onnxruntime gives the same to the bit)."""
         data = self._data_feeds(x, fixed_batch=False)
         key = tuple(np.shape(v) for v in data.values())
+        values = self._run_values()
         prog = self._run_programs.get(key)
         if prog is None:
             base = self._base_at(data)
-            params = set(self._io["parameters"])
             # Trainable parameters become inputs, so folding cannot bake the initial values in.
             g = base.copy(
-                inputs=list(base.inputs) + sorted(params),
-                initializers={k: v for k, v in base.initializers.items() if k not in params},
+                inputs=list(base.inputs) + sorted(values),
+                initializers={k: v for k, v in base.initializers.items() if k not in values},
             )
             g = make_static(
                 g,
                 shapes={
                     **{k: np.shape(v) for k, v in data.items()},
-                    **{p: self._values[p].shape for p in params},
+                    **{p: v.shape for p, v in values.items()},
                 },
             )
             prog = self._run_programs[key] = Interpreter(g)
-        feeds = {**data, **{p: self._values[p] for p in prog.graph.inputs if p in self._values}}
+        feeds = {**data, **{p: values[p] for p in prog.graph.inputs if p in values}}
         return prog.run(feeds)[0]
+
+    def _int8_runs(self) -> bool:
+        """An int8 model runs its integer graph (not when a batch plan moves the float graph to another batch)."""
+        return self.artifact.quantized is not None and self.artifact.batch_plan is None
+
+    def _run_values(self) -> dict[str, np.ndarray]:
+        """The trained tensors run() feeds: the parameters, or an int8 model's integer weights requantized."""
+        params = {p: self._values[p] for p in self._io["parameters"]}
+        if not self._int8_runs():
+            return params
+        from edgetrain.graph import quantized as qat  # only an int8 model needs it
+
+        q = self.artifact.quantized
+        return qat.requantize(q["weights"], params, q["constants"])
 
     def _base_at(self, data: Mapping[str, np.ndarray]):
         """The inference graph at the batch of `data`: a model exported with a fixed batch is moved to it by the
         batch plan that conversion found and checked; without one, it runs at its own batch only."""
         base, plan = self.artifact.base, self.artifact.batch_plan
+        if self._int8_runs():
+            base = self.artifact.quantized["model"]
         found = fixed_batch(base)
         if found is None:
             return base
@@ -546,11 +570,21 @@ class TrainingSession:
         return dict(user)
 
     # ---- export ------------------------------------------------------------------------------------------------
-    def export_onnx(self, path: str | os.PathLike, *, preprocessing: bool = True) -> None:
+    def export_onnx(
+        self,
+        path: str | os.PathLike,
+        *,
+        preprocessing: bool = True,
+        requantize: bool = False,
+        float_model: bool = False,
+    ) -> None:
         """Writes the inference model with the trained parameters (nothing of the training graph); onnxruntime
         runs it. A declared input pipeline goes in as graph nodes before the model (preprocessing=False leaves it
         out: the app applies it, as the model's metadata_props "edgetrain.preprocessing" says), so onnxruntime on
-        raw data gives the session's answer. Needs the onnx package."""
+        raw data gives the session's answer. An int8 model is written in the form it came in (QDQ, QOperator or
+        dynamic), its trained weights requantized with the model's scales (requantize=True fits new scales to the
+        trained weights, per channel where the model's are); float_model=True writes the float model instead
+        (no quantization, the trained float weights). Needs the onnx package."""
         try:
             from edgetrain.onnx_io.writer import export_inference  # needs onnx: an optional dependency
         except ImportError as e:
@@ -564,8 +598,7 @@ class TrainingSession:
             "edgetrain.steps": str(self.step),
             "edgetrain.source_sha256": str(prov.get("source_sha256", "")),
         }
-        params = {p: self._values[p] for p in self._io["parameters"]}
-        base = self.artifact.base
+        base, params = self._export_graph(requantize, float_model)
         if self._pipeline is not None and self._pipeline.declared:
             spec = json.dumps(self._pipeline.to_json())
             if preprocessing:
@@ -576,6 +609,24 @@ class TrainingSession:
             else:
                 props["edgetrain.preprocessing"] = spec
         export_inference(base, params, path, props=props)
+
+    def _export_graph(self, requantize: bool, float_model: bool):
+        """(the graph to export, the initializers it takes from training)."""
+        params = {p: self._values[p] for p in self._io["parameters"]}
+        q = self.artifact.quantized
+        if q is None:
+            if requantize or float_model:
+                raise ConfigError(
+                    f"'{self.artifact.path}' was converted from a float model: requantize and float_model apply to "
+                    "an int8 model's export"
+                )
+            return self.artifact.base, params
+        from edgetrain.graph import quantized as qat  # only an int8 model's export needs it
+
+        if float_model:
+            return qat.dequantized(self.artifact.base), params
+        ints = qat.requantize(q["weights"], params, q["constants"], rederive=requantize)
+        return q["model"], ints
 
     # ---- feeds -------------------------------------------------------------------------------------------------
     def _classes(self) -> int | None:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from edgetrain.core.errors import ModelError, ShapeError, UnsupportedError
-from edgetrain.core.ops import MICROSOFT_DOMAIN
+from edgetrain.core.ops import MICROSOFT_DOMAIN, PRIVATE_DOMAIN
 
 from . import nn
 from .registry import kernel
@@ -194,6 +194,45 @@ def dequantize_linear(
     if x.dtype == np.int32:  # int32 - 0: no int32 wrap
         return (x.astype(F32) * s.astype(F32)).astype(out, copy=False)
     return dequantize(x, s, zp).astype(out, copy=False)
+
+
+# -------------------------------------------------------------------------------- fake quantization (QAT)
+
+
+def _fake_params(
+    op: str, x: np.ndarray, scale, zero_point, axis: int
+) -> tuple[np.ndarray, np.ndarray, np.dtype]:
+    dtype = _qtype(op, "zero_point", zero_point.dtype)
+    _qtype(op, "x", x.dtype, (np.dtype(np.float32),))
+    s = _along(op, "scale", np.asarray(scale, F32), x.shape, axis)
+    z = _along(op, "zero_point", zero_point.astype(np.int32), x.shape, axis)
+    return s, z, dtype
+
+
+def _same(node, infos):
+    return [infos[0]]
+
+
+@kernel("FakeQuantize", domain=PRIVATE_DOMAIN, shape=_same)
+def fake_quantize(x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, *, axis: int = 1) -> np.ndarray:
+    """QuantizeLinear then DequantizeLinear with one scale and zero point (float32 in, float32 out), as onnxruntime
+    runs the pair: the value a float master weight or an activation takes on its integer grid."""
+    s, z, dtype = _fake_params("FakeQuantize", x, scale, zero_point, axis)
+    return dequantize(quantize(x, s, z, dtype), s, z)
+
+
+@kernel("FakeQuantizeGrad", domain=PRIVATE_DOMAIN, shape=lambda node, infos: [infos[1]])
+def fake_quantize_grad(
+    dy: np.ndarray, x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, *, axis: int = 1
+) -> np.ndarray:
+    """The straight-through estimator with clipping (PyTorch's fake_quantize backward): dy where round(x / scale)
+    + zero_point lies in the integer type's range, 0 where the quantization saturates (and for NaN)."""
+    s, z, dtype = _fake_params("FakeQuantizeGrad", x, scale, zero_point, axis)
+    info = np.iinfo(dtype)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        v = np.rint(np.divide(x, s)) + z.astype(F32)
+        keep = (v >= F32(info.min)) & (v <= F32(info.max))
+    return np.where(keep, dy, F32(0)).astype(dy.dtype, copy=False)
 
 
 # -------------------------------------------------------------------------------- dynamic
