@@ -349,6 +349,19 @@ def _add_export(sub, common: argparse.ArgumentParser) -> None:
         action="store_true",
         help="leave the input pipeline out of the exported model (the app applies it; the model's metadata says how)",
     )
+    q = x.add_mutually_exclusive_group()
+    q.add_argument(
+        "--requantize",
+        action="store_true",
+        help="an int8 model: fit new scales to the trained weights (per channel where the model's are) instead of "
+        "keeping the model's",
+    )
+    q.add_argument(
+        "--float",
+        dest="float_model",
+        action="store_true",
+        help="an int8 model: write the float model (the trained float weights, no quantization) instead of int8",
+    )
     x.set_defaults(run=_export, parser=x)
 
 

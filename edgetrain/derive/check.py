@@ -125,7 +125,13 @@ def frozen_tensors(graph: Graph, trained: Any) -> list[str]:
     trained = set(trained)
     return [
         n for n, a in graph.initializers.items() if n not in trained and a.dtype.kind == "f" and a.size > 1
-    ]
+    ] + int8_weights(graph)
+
+
+def int8_weights(graph: Graph) -> list[str]:
+    """The integer weights of an int8 model that stay integer (read through a DequantizeLinear: frozen)."""
+    read = {n.inputs[0] for n in graph.nodes if n.op_type == "DequantizeLinear" and n.inputs}
+    return [n for n, a in graph.initializers.items() if n in read and a.dtype.kind in "iu" and a.size > 1]
 
 
 def _param_line(p: ParameterInfo, width: int) -> str:
