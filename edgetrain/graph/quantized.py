@@ -373,8 +373,8 @@ def requantize(
 def dequantized(graph: Graph) -> Graph:
     """The lowered graph as a float model, for `export --float`: every fake quantization of a weight gone (the
     float weight read instead), every DequantizeLinear of a constant folded to float, and every fake quantization
-    of an activation a Clip to the range its integer type holds (onnxruntime's quantizer drops a Relu whose range
-    the quantization clips to: the Clip keeps it)."""
+    of an activation gone but those whose range starts at 0, which become the Relu onnxruntime's quantizer folded
+    into them."""
     from edgetrain.core.kernels.quantized import (
         dequantize_linear,
     )  # kernels: loaded when an int8 model exports
@@ -384,9 +384,8 @@ def dequantized(graph: Graph) -> Graph:
     nodes = []
     for n in g.nodes:
         if n.op_type == "FakeQuantize" and n.domain == PRIVATE_DOMAIN:
-            clip = _clip_range(g, n)
-            if clip is not None:
-                nodes.append(Node("Clip", (n.inputs[0], *clip), n.outputs, {}, n.name))
+            if _clips_negatives(g, n):
+                nodes.append(Node("Relu", n.inputs[:1], n.outputs, {}, n.name))
             elif n.outputs[0] in g.outputs:  # an output keeps its name
                 nodes.append(Node("Identity", n.inputs[:1], n.outputs, {}, n.name))
             else:
@@ -404,19 +403,11 @@ def dequantized(graph: Graph) -> Graph:
     return g
 
 
-def _clip_range(g: Graph, n: Node) -> tuple[str, str] | None:
-    """The names of two new float constants, the least and greatest values a per-tensor fake quantization of an
-    activation represents; None for a weight's (its input is an initializer) or a per-channel or dynamic one."""
+def _clips_negatives(g: Graph, n: Node) -> bool:
+    """A per-tensor fake quantization of an activation whose range starts at 0 (zero point at the integer type's
+    least value): it clips negatives as the Relu the quantizer folded into it did."""
     x, scale, zp = n.inputs[:3]
     s, z = g.initializers.get(scale), g.initializers.get(zp)
     if x in g.initializers or s is None or z is None or s.size != 1:
-        return None
-    info = np.iinfo(z.dtype)
-    zero = int(np.ravel(z)[0])
-    names = []
-    for what, q in (("min", info.min), ("max", info.max)):
-        name = f"{n.outputs[0]}_clip_{what}"
-        g.initializers[name] = np.asarray(F32(q - zero) * F32(np.ravel(s)[0]), F32)
-        g.values[name] = TensorInfo(np.dtype(F32), ())
-        names.append(name)
-    return names[0], names[1]
+        return False
+    return int(np.ravel(z)[0]) == int(np.iinfo(z.dtype).min)
