@@ -299,3 +299,26 @@ def test_a_saved_int8_artifact_and_its_checkpoint_export_the_same_model(lenet, t
     again.export_onnx(tmp_path / "b.onnx")
     a, b = (onnx.load(str(tmp_path / f"{k}.onnx")).graph.initializer for k in "ab")
     assert {i.name: i.raw_data for i in a} == {i.name: i.raw_data for i in b}
+
+
+def test_the_frozen_int8_prefix_is_cached_bit_for_bit(lenet, tmp_path):
+    """Head-only on an int8 model: the frozen int8 prefix (its fake quantizations keep samples apart) is cut and
+    cached as a float model's is; training with the cache equals training without, bit for bit."""
+    path = tmp_path / "head.etrain"
+    _convert(lenet["qdq_per_channel"], trainable="fc3*").save(path)
+    x, y = _batch(5, n=32)
+
+    def train(cache):
+        sess = et.TrainingSession(str(path))
+        if cache:
+            sess.enable_feature_cache()
+        losses = []
+        for epoch in range(3):
+            order = np.random.default_rng(epoch).permutation(len(x))
+            for i in range(0, len(x), 8):
+                losses.append(sess.train_step(x[order[i : i + 8]], y[order[i : i + 8]]))
+        return losses, sess.parameters(), sess.feature_cache_info()
+
+    (la, pa, info), (lb, pb, _) = train(True), train(False)
+    assert info["enabled"] and info["hits"] == 64, info
+    assert la == lb and all(np.array_equal(pa[k], pb[k]) for k in pb)

@@ -64,8 +64,14 @@ def _walk(
     stop = ""
     for n in graph.nodes:
         ins = [i for i in n.inputs if i]
-        if any(i not in f.state for i in ins) or record(n.op_type).random or n.domain not in ("", "ai.onnx"):
-            continue  # reads a parameter, the target, the learning rate or a value after the prefix
+        rec = record(n.op_type)
+        if (
+            any(i not in f.state for i in ins)
+            or rec.random
+            or (n.domain not in ("", "ai.onnx") and not rec.rows)
+        ):
+            continue  # reads a parameter, the target, the learning rate or a value after the prefix (edgetrain's
+            # own ops are backward ops, but for FakeQuantize, an int8 model's forward, which keeps rows apart)
         if all(f.state[i] == CONST for i in ins):
             state, why = CONST, ""
             const_nodes.append(n)
