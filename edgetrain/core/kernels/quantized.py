@@ -213,26 +213,51 @@ def _same(node, infos):
     return [infos[0]]
 
 
-@kernel("FakeQuantize", domain=PRIVATE_DOMAIN, shape=_same)
-def fake_quantize(x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, *, axis: int = 1) -> np.ndarray:
+def _grid(
+    op: str, x: np.ndarray, scale, zero_point, axis: int, out: np.ndarray | None = None
+) -> tuple[np.ndarray, F32, F32, np.ndarray]:
+    """(round(x / scale) in float32 (in out, when given), the least and greatest values of the grid less the zero
+    point, the scale as it broadcasts against x)."""
+    s, z, dtype = _fake_params(op, x, scale, zero_point, axis)
+    info = np.iinfo(dtype)
+    lo, hi = (F32(info.min) - z.astype(F32)), (F32(info.max) - z.astype(F32))
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        v = np.divide(x, s, dtype=F32) if out is None else np.divide(x, s, out=out)
+    np.rint(v, out=v)
+    return v, lo, hi, s
+
+
+@kernel("FakeQuantize", domain=PRIVATE_DOMAIN, inplace=(0,), shape=_same)
+def fake_quantize(
+    x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, *, axis: int = 1, out: np.ndarray | None = None
+) -> np.ndarray:
     """QuantizeLinear then DequantizeLinear with one scale and zero point (float32 in, float32 out), as onnxruntime
-    runs the pair: the value a float master weight or an activation takes on its integer grid."""
-    s, z, dtype = _fake_params("FakeQuantize", x, scale, zero_point, axis)
-    return dequantize(quantize(x, s, z, dtype), s, z)
+    runs the pair: the value a float master weight or an activation takes on its integer grid. Computed in float32
+    without the integer round trip: clip(round(x / scale), qmin - zp, qmax - zp) * scale is the same number (the
+    bounds are integers, so clipping before or after rounding agrees). A NaN stays NaN (the pair gives 0): the
+    step's non-finite check reports it."""
+    v, lo, hi, s = _grid("FakeQuantize", x, scale, zero_point, axis, out)
+    np.clip(v, lo, hi, out=v)
+    v *= s
+    return v
 
 
-@kernel("FakeQuantizeGrad", domain=PRIVATE_DOMAIN, shape=lambda node, infos: [infos[1]])
+@kernel("FakeQuantizeGrad", domain=PRIVATE_DOMAIN, inplace=(0,), shape=lambda node, infos: [infos[1]])
 def fake_quantize_grad(
-    dy: np.ndarray, x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, *, axis: int = 1
+    dy: np.ndarray,
+    x: np.ndarray,
+    scale: np.ndarray,
+    zero_point: np.ndarray,
+    *,
+    axis: int = 1,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """The straight-through estimator with clipping (PyTorch's fake_quantize backward): dy where round(x / scale)
     + zero_point lies in the integer type's range, 0 where the quantization saturates (and for NaN)."""
-    s, z, dtype = _fake_params("FakeQuantizeGrad", x, scale, zero_point, axis)
-    info = np.iinfo(dtype)
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        v = np.rint(np.divide(x, s)) + z.astype(F32)
-        keep = (v >= F32(info.min)) & (v <= F32(info.max))
-    return np.where(keep, dy, F32(0)).astype(dy.dtype, copy=False)
+    v, lo, hi, _ = _grid("FakeQuantizeGrad", x, scale, zero_point, axis)
+    keep = v >= lo
+    keep &= v <= hi
+    return np.multiply(dy, keep, out=out) if out is not None else np.multiply(dy, keep, dtype=dy.dtype)
 
 
 # -------------------------------------------------------------------------------- dynamic
