@@ -51,10 +51,24 @@ def lenet(tmp_path_factory):
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
+    from onnxruntime.quantization import quantize_dynamic
+
     folder = tmp_path_factory.mktemp("qat")
     pre = folder / "lenet_pre.onnx"
     quant_pre_process(str(DATA / "digits_lenet.onnx"), str(pre))
-    out = {}
+    out = {"qoperator": folder / "lenet_qoperator.onnx", "dynamic": folder / "lenet_dynamic.onnx"}
+    # uint8 activations with 7-bit weights, uint8 dynamic weights: onnxruntime on x86 without VNNI saturates pairs
+    # of uint8 x int8 products otherwise (tests/test_quantized_models.py), and it is the reference here
+    quantize_static(
+        str(pre),
+        str(out["qoperator"]),
+        _Images(),
+        quant_format=QuantFormat.QOperator,
+        activation_type=QuantType.QUInt8,
+        weight_type=QuantType.QInt8,
+        reduce_range=True,
+    )
+    quantize_dynamic(str(pre), str(out["dynamic"]), weight_type=QuantType.QUInt8)
     for form in FORMS:
         out[form] = folder / f"lenet_{form}.onnx"
         quantize_static(
@@ -299,6 +313,39 @@ def test_a_saved_int8_artifact_and_its_checkpoint_export_the_same_model(lenet, t
     again.export_onnx(tmp_path / "b.onnx")
     a, b = (onnx.load(str(tmp_path / f"{k}.onnx")).graph.initializer for k in "ab")
     assert {i.name: i.raw_data for i in a} == {i.name: i.raw_data for i in b}
+
+
+@pytest.mark.parametrize("form", ["qoperator", "dynamic"])
+def test_qoperator_and_dynamic_models_train_as_qdq_and_export_in_their_own_form(lenet, form, tmp_path):
+    """QLinearConv/QGemm/QLinearSoftmax and MatMulInteger/ConvInteger train through their QDQ rewriting
+    (edgetrain.graph.qdecompose); the export is the model as it came, node for node, its weights requantized, and
+    onnxruntime runs it as sess.run does; head-only keeps the frozen integer weights bit for bit."""
+    src = lenet[form]
+    model = onnx.load(str(src))
+    before = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    for trainable in (None, "fc3*"):
+        art = _convert(src, trainable=trainable)
+        assert len(art.parameters) == (10 if trainable is None else 2)
+        assert any("QDQ" in n or "qdq" in n or "DequantizeLinear" in n for n in art.notes), art.notes
+        sess = et.TrainingSession(art)
+        x, y = _batch(6)
+        losses = [sess.train_step(x, y) for _ in range(4)]
+        assert losses[-1] < losses[0]
+        out = tmp_path / f"{form}-{trainable}.onnx"
+        sess.export_onnx(out)
+        exported = onnx.load(str(out))
+        onnx.checker.check_model(exported)
+        ops = lambda m: sorted(n.op_type for n in m.graph.node if not n.name.startswith("preprocessing"))  # noqa: E731
+        assert ops(exported) == ops(model)
+        (ref,) = _ort(out, {"image": x})
+        np.testing.assert_allclose(ref, sess.run(x), rtol=0, atol=1e-6)  # dynamic: float products' order
+        after = {i.name: numpy_helper.to_array(i) for i in exported.graph.initializer}
+        changed = [
+            k
+            for k, v in before.items()
+            if v.dtype.kind in "iu" and v.ndim >= 1 and v.tobytes() != after[k].tobytes()
+        ]
+        assert changed and (trainable is None or all(k.startswith("fc3") for k in changed)), changed
 
 
 def test_the_frozen_int8_prefix_is_cached_bit_for_bit(lenet, tmp_path):
