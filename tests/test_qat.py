@@ -325,6 +325,13 @@ def test_qoperator_and_dynamic_models_train_as_qdq_and_export_in_their_own_form(
     before = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     for trainable in (None, "fc3*"):
         art = _convert(src, trainable=trainable)
+        if (
+            trainable is None
+        ):  # the float model's tensors, names and shapes (a Gemm weight stored transposed too)
+            floats = {
+                i.name: tuple(i.dims) for i in onnx.load(str(DATA / "digits_lenet.onnx")).graph.initializer
+            }
+            assert {p: art.initial[p].shape for p in art.parameters} == floats
         assert len(art.parameters) == (10 if trainable is None else 2)
         assert any("QDQ" in n or "qdq" in n or "DequantizeLinear" in n for n in art.notes), art.notes
         sess = et.TrainingSession(art)

@@ -50,6 +50,9 @@ class QuantWeight:
     dtype: str  # the integer type's numpy name
     # a bias whose scale is input scale x weight scale (as the quantizer writes it): those two scales' names
     scale_from: list[str] = field(default_factory=list)
+    # the integer tensor is the master transposed (a Gemm weight the dynamic quantizer stored as MatMul's); axis is
+    # the master's
+    transposed: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -132,58 +135,94 @@ def _master_name(g: Graph, source: str, fallback: str) -> str:
 
 
 def _masters(g: Graph) -> tuple[list[QuantWeight], dict[str, np.ndarray]]:
-    """Every DequantizeLinear of an integer initializer becomes a master (in place on g.nodes)."""
+    """Every DequantizeLinear of an integer initializer becomes a master (g.nodes rewritten in place)."""
     weights: list[QuantWeight] = []
     sources: dict[str, np.ndarray] = {}
-    by_source: dict[str, str] = {}
+    by_source: dict[str, QuantWeight] = {}
     renames: dict[str, str] = {}
-    for k, n in enumerate(g.nodes):
-        if n.op_type != "DequantizeLinear" or n.inputs[0] not in g.initializers:
+    nodes: list[Node] = []
+    for n in g.nodes:
+        q = g.initializers.get(n.inputs[0]) if n.op_type == "DequantizeLinear" and n.inputs else None
+        if q is None or (q.dtype != np.int32 and q.dtype not in _INTS):
+            nodes.append(n)
             continue
-        q = g.initializers[n.inputs[0]]
-        if q.dtype != np.int32 and q.dtype not in _INTS:
-            continue
-        src, scale = n.inputs[0], n.inputs[1]
-        zp = n.inputs[2] if len(n.inputs) > 2 else ""
-        axis = int(n.attrs.get("axis", 1))
-        if not zp and q.dtype != np.int32:
-            zp = _zero_point_for(g, src, q.dtype)
         if n.attrs.get("block_size"):
             raise UnsupportedError(
                 f"{n.label}: blocked quantization (block_size) does not train; quantize per tensor or per channel"
             )
-        if src in by_source:  # one integer tensor read twice: one master
-            master = by_source[src]
-        else:
-            s, z = g.initializers.get(scale), g.initializers.get(zp) if zp else None
-            if s is None:
-                continue  # a scale computed at run time: not a weight
-            master = _master_name(g, src, n.outputs[0] if q.dtype == np.int32 else src + "_float")
-            from edgetrain.core.kernels.quantized import (
-                dequantize_linear,
-            )  # kernels: loaded when an int8 model is
-
-            value = dequantize_linear(q, s, z, axis=axis)
-            g.initializers[master] = np.ascontiguousarray(value, dtype=F32)
-            g.values[master] = TensorInfo(np.dtype(F32), tuple(q.shape))
-            kind = "bias" if q.dtype == np.int32 else "weight"
-            weights.append(
-                QuantWeight(master, src, scale, zp if kind == "weight" else "", axis, kind, q.dtype.name)
-            )
-            sources[src] = q
-            by_source[src] = master
-        if q.dtype == np.int32:
-            renames[n.outputs[0]] = master
-            g.nodes[k] = None  # type: ignore[call-overload]
+        w = by_source.get(n.inputs[0]) or _new_master(g, n, q)
+        if w is None:  # a scale computed at run time: not a weight
+            nodes.append(n)
             continue
-        g.nodes[k] = Node(
-            "FakeQuantize", (master, scale, zp), n.outputs, {"axis": axis}, n.name, PRIVATE_DOMAIN
-        )
+        if w.source not in by_source:
+            weights.append(w)
+            sources[w.source], by_source[w.source] = q, w
+        if w.kind == "bias":
+            renames[n.outputs[0]] = w.name
+        elif w.transposed:  # the master holds the float tensor's own layout: read through a Transpose
+            fq = w.name + "_fake_quantized"
+            g.values[fq] = g.values[w.name]
+            nodes.append(
+                Node(
+                    "FakeQuantize",
+                    (w.name, w.scale, w.zero_point),
+                    (fq,),
+                    {"axis": w.axis},
+                    n.name,
+                    PRIVATE_DOMAIN,
+                )
+            )
+            nodes.append(Node("Transpose", (fq,), n.outputs, {"perm": [1, 0]}, n.name + "_transpose"))
+        else:
+            nodes.append(
+                Node(
+                    "FakeQuantize",
+                    (w.name, w.scale, w.zero_point),
+                    n.outputs,
+                    {"axis": w.axis},
+                    n.name,
+                    PRIVATE_DOMAIN,
+                )
+            )
+    g.nodes = nodes
     for src in sources:
         g.initializers.pop(src, None)
         g.values.pop(src, None)
     _rename_inputs(g, renames)
     return weights, sources
+
+
+_TRANSPOSED = "_Transposed_quantized"  # onnxruntime's dynamic quantizer stores a Gemm's weight transposed so
+
+
+def _new_master(g: Graph, n: Node, q: np.ndarray) -> QuantWeight | None:
+    """The float master of the integer initializer a DequantizeLinear reads (added to g), or None when its scale is
+    computed at run time. A weight the quantizer stored transposed (`fc1.weight_Transposed_quantized`) gets its
+    float tensor's name and layout (`fc1.weight`), read through a Transpose."""
+    from edgetrain.core.kernels.quantized import dequantize_linear  # kernels: loaded when an int8 model is
+
+    src, scale = n.inputs[0], n.inputs[1]
+    zp = n.inputs[2] if len(n.inputs) > 2 else ""
+    axis = int(n.attrs.get("axis", 1))
+    s = g.initializers.get(scale)
+    if s is None:
+        return None
+    if not zp and q.dtype != np.int32:
+        zp = _zero_point_for(g, src, q.dtype)
+    value = dequantize_linear(q, s, g.initializers.get(zp) if zp else None, axis=axis)
+    kind = "bias" if q.dtype == np.int32 else "weight"
+    transposed = kind == "weight" and q.ndim == 2 and src.endswith(_TRANSPOSED)
+    if transposed:
+        name = src[: -len(_TRANSPOSED)]
+        master = name if name not in g.values and name not in g.initializers else src + "_float"
+        value, axis = value.T, 1 - axis % 2
+    else:
+        master = _master_name(g, src, n.outputs[0] if kind == "bias" else src + "_float")
+    g.initializers[master] = np.ascontiguousarray(value, dtype=F32)
+    g.values[master] = TensorInfo(np.dtype(F32), tuple(value.shape))
+    return QuantWeight(
+        master, src, scale, zp if kind == "weight" else "", axis, kind, q.dtype.name, transposed=transposed
+    )
 
 
 def _zero_point_for(g: Graph, src: str, dtype: np.dtype) -> str:
@@ -293,12 +332,18 @@ def refreeze(low: Lowered, graph: Graph, trained: set[str]) -> Graph:
         return graph
     g = graph.copy()
     by_name = {w.name: w for w in frozen}
+    transposes = {n.inputs[0]: k for k, n in enumerate(g.nodes) if n.op_type == "Transpose"}
     for k, n in enumerate(g.nodes):
         w = by_name.get(n.inputs[0]) if n.op_type == "FakeQuantize" else None
-        if w is not None and w.kind == "weight":
-            g.nodes[k] = Node(
-                "DequantizeLinear", (w.source, w.scale, w.zero_point), n.outputs, {"axis": w.axis}, n.name
-            )
+        if w is None or w.kind != "weight":
+            continue
+        axis = 1 - w.axis if w.transposed else w.axis
+        g.nodes[k] = Node(
+            "DequantizeLinear", (w.source, w.scale, w.zero_point), n.outputs, {"axis": axis}, n.name
+        )
+        if w.transposed:  # the integer tensor has the layout the Transpose made: it goes
+            t = g.nodes[transposes[n.outputs[0]]]
+            g.nodes[transposes[n.outputs[0]]] = Node("Identity", t.inputs, t.outputs, {}, t.name)
     for w in frozen:
         q = low.sources[w.source]
         g.initializers.pop(w.name, None)
@@ -352,7 +397,8 @@ def requantize(
             s, z = s.reshape(np.shape(consts[w.scale])), z.reshape(np.shape(consts[w.zero_point]))
             out[w.scale], out[w.zero_point] = s, z
             scales[w.scale] = s
-        out[w.source] = quantize_linear(values[w.name], s, z, axis=w.axis)
+        q = quantize_linear(values[w.name], s, z, axis=w.axis)
+        out[w.source] = np.ascontiguousarray(q.T) if w.transposed else q
     for w in weights:
         if w.kind != "bias":
             continue
