@@ -290,6 +290,28 @@ class TorchTwin(torch.nn.Module):
     def logits(self, *inputs, **named) -> torch.Tensor:
         return self.values(*inputs, **named)[self._logits]
 
+    def nearest_ties(
+        self, env: Mapping[str, torch.Tensor], within: float = 2.0
+    ) -> dict[str, tuple[int, float]]:
+        """Activations (per-tensor fake quantizations) that came within `within` float32 ulps of a rounding tie in
+        the run that made `env` (values()): {value: (how many elements, the nearest in ulps)}. Another float32
+        implementation may round those the other way: a one-step difference that training carries on."""
+        out = {}
+        for dq, src in self.fake_quantized.items():
+            if (
+                dq not in self.scales
+                or src not in env
+                or src in self.weights.values()
+                or src.endswith("#master")
+            ):
+                continue
+            v = env[src].detach().double().numpy() / self.scales[dq]
+            ulps = np.abs(v - np.floor(v) - 0.5) / (np.maximum(np.abs(v), 1.0) * 2.0**-23)
+            near = ulps < within
+            if near.any():
+                out[src] = (int(near.sum()), float(ulps.min()))
+        return out
+
 
 def _output_dtype(q: onnx.NodeProto) -> np.dtype:
     for a in q.attribute:
