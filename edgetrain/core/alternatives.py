@@ -21,7 +21,10 @@ SEE_RULES = "`edgetrain check --ops` lists the ops with gradient rules"
 
 CONTRIB_DOMAIN = "com.microsoft"  # onnxruntime's contrib ops: its optimizer and quantizer write them
 
-_QUANTIZED = "edgetrain trains float models: convert the float model, as exported before quantization"
+_QUANTIZED = (
+    "quantize with onnxruntime.quantization.quantize_static(..., quant_format=QuantFormat.QDQ), whose models "
+    "edgetrain runs and trains, or convert the float model, as exported before quantization"
+)
 _UNROLL = (
     "export with a fixed sequence length so the loop is unrolled, or write the recurrence as LSTM, GRU or RNN"
 )

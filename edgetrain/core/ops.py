@@ -110,15 +110,15 @@ _SHAPE_ONLY = "it reads only its input's shape"
 _BACKWARD = "a backward op the autodiff writes: edgetrain differentiates once"
 _NOT_YET = "no rule has been written for it yet"
 _QUANTIZED = (
-    "it computes on integers: training through quantization (fake quantization with straight-through "
-    "gradients, issue 23) is not written yet"
+    "it computes on integers: convert lowers an int8 model to float ops read through FakeQuantize "
+    "(edgetrain.graph.quantized) before it takes gradients"
 )
-_QUANTIZED_ADVICE = "train the float model, then quantize it again with onnxruntime.quantization"
+_QUANTIZED_ADVICE = "convert the int8 model as it is: its weights train as float masters through fake quantization"
 
 
 def _q(op: str, *params: tuple, domain: str = "", **fields: Any) -> OpRecord:
-    """The record of a quantized op: no gradient rule yet, its scales and zero points as QParams(value, scale,
-    zero point[, axis])."""
+    """The record of a quantized op: no gradient rule (convert lowers it first), its scales and zero points as
+    QParams(value, scale, zero point[, axis])."""
     return OpRecord(
         op,
         domain=domain,
