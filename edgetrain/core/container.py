@@ -44,8 +44,12 @@ from .errors import ArtifactError, ArtifactLimitError, MissingFileError, Storage
 MAGIC = b"\x89ETR\r\n\x1a\n"
 CURRENT_VERSION = 1
 SUPPORTED_VERSIONS = (1,)  # every version ever written; the reader dispatches on it (see _READERS)
-KINDS = {"artifact": 1, "checkpoint": 2}  # kind name -> code in the preamble; add kinds, never renumber
-SUFFIXES = {"artifact": ".etrain", "checkpoint": ".etck"}
+KINDS = {
+    "artifact": 1,
+    "checkpoint": 2,
+    "adapters": 3,
+}  # kind name -> code in the preamble; add kinds, never renumber
+SUFFIXES = {"artifact": ".etrain", "checkpoint": ".etck", "adapters": ".etad"}
 ALIGN = 64
 CHECKSUM_BYTES = 32
 _PREAMBLE = struct.Struct("<8sIIQ")  # magic, version, kind code, header length: 24 bytes
@@ -279,10 +283,10 @@ def write_container(
 ) -> int:
     """Writes one edgetrain file atomically and returns its size in bytes.
 
-    kind: "artifact" or "checkpoint"; header: a JSON-able dict; tensors: name -> array (numeric dtypes), stored
-    in the order given. The same inputs give a byte-identical file. A crash or error at any point leaves the
-    previous file at path untouched and no temporary file behind (a killed process may leave a `.*.tmp`, which
-    the next write or read of path removes). A file-system failure is a StorageError naming path."""
+    kind: "artifact", "checkpoint" or "adapters"; header: a JSON-able dict; tensors: name -> array (numeric
+    dtypes), stored in the order given. The same inputs give a byte-identical file. A crash or error at any point
+    leaves the previous file at path untouched and no temporary file behind (a killed process may leave a
+    `.*.tmp`, which the next write or read of path removes). A file-system failure is a StorageError naming path."""
     path = os.fspath(path)
     head, placed, total = _layout(path, kind, header, tensors)
 

@@ -113,7 +113,9 @@ _QUANTIZED = (
     "it computes on integers: convert lowers an int8 model to float ops read through FakeQuantize "
     "(edgetrain.graph.quantized) before it takes gradients"
 )
-_QUANTIZED_ADVICE = "convert the int8 model as it is: its weights train as float masters through fake quantization"
+_QUANTIZED_ADVICE = (
+    "convert the int8 model as it is: its weights train as float masters through fake quantization"
+)
 
 
 def _q(op: str, *params: tuple, domain: str = "", **fields: Any) -> OpRecord:

@@ -56,6 +56,8 @@ class TrainingArtifact:
     # imported, which the export writes again with the trained weights requantized
     quantized: tuple[dict, dict[str, np.ndarray]] | None = None
     quantized_model: Graph | None = None
+    # adapters inserted at convert: {"config": the module's settings, "modules": [edgetrain.graph.adapters.LoraModule]}
+    adapters: dict | None = None
 
     @property
     def frozen(self) -> list[str]:
@@ -153,6 +155,11 @@ def save_artifact(art: TrainingArtifact, path: str | os.PathLike) -> int:
     }
     if art.preprocessing is not None:
         header["preprocessing"] = art.preprocessing
+    if art.adapters is not None:
+        header["adapters"] = {
+            "config": art.adapters["config"],
+            "modules": [m.to_dict() for m in art.adapters["modules"] if m.A in art.parameters],
+        }
     if art.quantized is not None and art.quantized_model is not None:
         qdict, qtensors = graph_to_dict(art.quantized_model)
         for name, arr in qtensors.items():

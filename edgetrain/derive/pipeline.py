@@ -14,6 +14,7 @@ import numpy as np
 from edgetrain.core.errors import ShapeError, UnsupportedError
 from edgetrain.core.interpreter import compile_step
 from edgetrain.core.ir import Graph, TensorInfo, about
+from edgetrain.graph.adapters import LoraModule
 from edgetrain.graph.passes import fold_constants, make_static, prune
 from edgetrain.graph.quantized import Lowered, refreeze
 from edgetrain.graph.quantized import lower as lower_quantized
@@ -26,6 +27,7 @@ from edgetrain.graph.rebatch import (
     verify_batch_plan,
 )
 
+from .adapters import IAdapter
 from .artifact import UPDATED, TrainingArtifact
 from .autodiff.context import ShapedBuilder, default_shape_rule
 from .autodiff.driver import differentiate
@@ -71,6 +73,7 @@ def convert(
     untie: bool | Sequence[str] = False,
     parameters: Any = None,
     preprocessing: Any = None,
+    adapters: IAdapter | None = None,
 ) -> TrainingArtifact:
     """ONNX inference model (path, bytes, onnx.ModelProto, or a static edgetrain Graph) -> TrainingArtifact.
     loss: any ILoss; optimizer: any IOptimizer; trainable: None for every parameter, or names / glob patterns;
@@ -79,10 +82,15 @@ def convert(
     parameters is a parameter manifest (a dict or a JSON file) that says what trains, when the model does not carry
     its own (edgetrain.torch_export writes one into the model); preprocessing is the input pipeline (a
     loaders.InputPipeline or its JSON dict) that turns raw data into the model's input, stored in the artifact (default:
-    the model's metadata_props "edgetrain.preprocessing", else none)."""
+    the model's metadata_props "edgetrain.preprocessing", else none); adapters is an adapter module (et.LoRA(rank=8,
+    alpha=16, targets=[...])) inserted into the graph: then only the adapters train, with what trainable adds."""
     if not isinstance(loss, ILoss):
         raise UnsupportedError(
             f"loss must be an ILoss (e.g. et.CrossEntropyLoss()), not {type(loss).__name__}"
+        )
+    if adapters is not None and not isinstance(adapters, IAdapter):
+        raise UnsupportedError(
+            f"adapters must be an adapter module (e.g. et.LoRA(rank=8)), not {type(adapters).__name__}"
         )
     if not isinstance(optimizer, IOptimizer):
         raise UnsupportedError(
@@ -90,7 +98,7 @@ def convert(
         )
     source = os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
     with about(source):  # every fault found on the way names the model file
-        art = _convert(model, loss, optimizer, trainable, batch_size, output, (untie, parameters))
+        art = _convert(model, loss, optimizer, trainable, batch_size, output, (untie, parameters, adapters))
         art.preprocessing, notes = declared_pipeline(art.base, preprocessing)
         art.notes.extend(notes)
         return art
@@ -134,6 +142,7 @@ def _convert(model, loss, optimizer, trainable, batch_size, output, reading) -> 
         fused=fused,
         quantized=None if m.lowered is None else m.lowered.header(ext.params),  # (header, its constants)
         quantized_model=None if m.lowered is None else m.lowered.original,
+        adapters=m.adapters,
     )
 
 
@@ -159,15 +168,24 @@ class _StaticModel:
     batch_plan: BatchPlan | None
     notes: list[str]
     lowered: Lowered | None = None  # an int8 model's lowering (the model as imported, for its int8 export)
+    adapters: dict | None = None  # {"config": the adapter module's, "modules": [LoraModule]}
 
 
 def _static_model(imported: Graph, trainable, batch_size: int | None, rule, reading) -> _StaticModel:
     """Roles decided on the graph as imported, before anything is folded (folding then never goes through a
     parameter: an embedding table gathered at constant positions stays a table that trains); the base graph;
     the inference graph made static at the training batch (a fixed-batch export re-batched, and checked)."""
-    untie, parameters = reading
+    untie, parameters, adapters = reading
     imported, roles, untied, lowered = read_roles(imported, untie=untie, parameters=parameters)
-    chosen = select_trainable(roles, trainable)
+    modules: list[LoraModule] = []
+    if adapters is None:
+        chosen = select_trainable(roles, trainable)
+    else:  # the adapters train, and what trainable adds
+        imported, roles, modules, inserted = adapters.insert(imported, roles)
+        untied = untied + inserted
+        chosen = [p for m in modules for p in (m.A, m.B)]
+        if trainable is not None:
+            chosen += [p for p in select_trainable(roles, trainable) if p not in chosen]
     if lowered is not None:  # frozen weights go back to int8
         imported = refreeze(lowered, imported, set(chosen))
     base = fold_constants(imported, fold_shapes=False, keep=set(roles.parameters) | set(chosen), rule=rule)
@@ -180,7 +198,9 @@ def _static_model(imported: Graph, trainable, batch_size: int | None, rule, read
         from edgetrain.onnx_io.shapes import check_types  # onnx is installed: the rule came from it
 
         check_types(inference)
-    return _StaticModel(inference, base, roles, chosen, plan, untied + _decisions(roles) + notes, lowered)
+    m = _StaticModel(inference, base, roles, chosen, plan, untied + _decisions(roles) + notes, lowered)
+    m.adapters = None if adapters is None else {"config": adapters.config(), "modules": modules}
+    return m
 
 
 def _decisions(roles: Roles) -> list[str]:

@@ -23,10 +23,14 @@ def export_inference(
     path: str | os.PathLike,
     *,
     props: Mapping[str, str] | None = None,
+    inputs_with_defaults: Sequence[str] = (),
 ) -> None:
     """Writes base (the inference graph, symbolic batch kept) with params replacing its initializers, atomically
-    (a temp file renamed into place)."""
-    model = to_onnx(base.copy(initializers={**base.initializers, **params}))
+    (a temp file renamed into place); inputs_with_defaults are initializers that are graph inputs too (a feed
+    overrides them: onnxruntime's LoRA adapters)."""
+    model = to_onnx(
+        base.copy(initializers={**base.initializers, **params}), inputs_with_defaults=inputs_with_defaults
+    )
     if props:
         onnx.helper.set_model_props(model, dict(props))
     atomic_write(path, model.SerializeToString())

@@ -46,6 +46,8 @@ class LoadedArtifact:
     fused: dict[str, Any] | None = None  # {"program": Graph, "plan": MemoryPlan, "gradients", "state_roles"}
     # an int8 model's: {"form": str, "weights": [QuantWeight], "model": the int8 Graph the export writes again}
     quantized: dict[str, Any] | None = None
+    # LoRA adapters inserted at convert: {"config": dict, "modules": [edgetrain.graph.adapters.LoraModule]}
+    adapters: dict[str, Any] | None = None
 
     @property
     def io(self) -> dict[str, Any]:
@@ -133,7 +135,45 @@ def load_artifact(
     quantized = None
     if header.get("quantized") is not None:
         quantized = _quantized(path, header["quantized"], graph, io, tensors)
-    return LoadedArtifact(path, header, program, base, plan, initial, tensors, batch_plan, fused, quantized)
+    adapters = None
+    if header.get("adapters") is not None:
+        adapters = _adapters(path, header["adapters"], io, base)
+    return LoadedArtifact(
+        path, header, program, base, plan, initial, tensors, batch_plan, fused, quantized, adapters
+    )
+
+
+def _adapters(path: str, a: Any, io: dict, base: Graph) -> dict[str, Any]:
+    """The adapted layers, checked against the inference graph: each adapter a trained parameter, each base
+    weight an initializer, each inserted node there."""
+    from edgetrain.graph.adapters import LoraModule  # only an artifact with adapters needs it
+
+    if (
+        not isinstance(a, dict)
+        or not isinstance(a.get("config"), dict)
+        or not isinstance(a.get("modules"), list)
+    ):
+        raise _bad(path, "its adapters lack 'config' or 'modules'")
+    names = {n.name for n in base.nodes}
+    modules = []
+    for d in a["modules"]:
+        try:
+            m = LoraModule.from_dict(d)
+            ok = (
+                {m.A, m.B} <= set(io["parameters"])
+                and m.weight in base.initializers
+                and set(m.nodes) <= names
+                and m.merge in ("same", "transposed")
+                and float(m.scale) > 0
+            )
+        except (TypeError, KeyError, AttributeError, ValueError) as e:
+            raise _bad(path, f"its adapters list a malformed layer ({type(e).__name__}: {e})") from None
+        if not ok:
+            raise _bad(
+                path, f"its adapter of '{d.get('weight')}' names a tensor or node that is not in the artifact"
+            )
+        modules.append(m)
+    return {"config": a["config"], "modules": modules}
 
 
 def _quantized(path: str, q: Any, graph, io: dict, tensors: dict[str, np.ndarray]) -> dict[str, Any]:

@@ -105,6 +105,10 @@ def _load(path: str | os.PathLike) -> tuple[str, dict[str, Any], dict[str, np.nd
                 "object; it is damaged or was not made by edgetrain: rebuild it with `edgetrain convert`"
             )
         return kind, art.header, art.tensors
+    if kind == "adapters":
+        header, tensors = read_container(path, kind="adapters")
+        _adapter_fields(os.fspath(path), header, tensors)
+        return kind, header, tensors
     header, tensors = read_container(path, kind="checkpoint")
     _checkpoint_fields(os.fspath(path), header)
     return kind, header, tensors
@@ -124,7 +128,40 @@ def describe(path: str | os.PathLike) -> str:
     size = os.path.getsize(path)
     if kind == "artifact":
         return _describe_artifact(path, header, tensors, size)
+    if kind == "adapters":
+        return _describe_adapters(path, header, tensors, size)
     return _describe_checkpoint(path, header, tensors, size)
+
+
+def _adapter_fields(path: str, header: dict[str, Any], tensors: dict[str, np.ndarray]) -> None:
+    """An adapters file's header as export_adapters writes it, checked before it is described."""
+    config, modules = header.get("config"), header.get("modules")
+    ok = isinstance(config, dict) and isinstance(modules, list) and all(isinstance(m, dict) for m in modules)
+    ok = ok and all(
+        isinstance(m.get(k), str) and (k == "weight" or m[k] in tensors)
+        for m in modules
+        for k in ("weight", "A", "B")
+    )
+    if not ok or not isinstance(header.get("step", 0), int):
+        raise ArtifactError(
+            f"'{path}' is an edgetrain adapters file, but its header lacks a LoRA config or lists adapters it does "
+            "not hold; it is damaged or was not made by edgetrain: export the adapters again"
+        )
+
+
+def _describe_adapters(path, header: dict[str, Any], tensors: dict[str, np.ndarray], size: int) -> str:
+    c = header["config"]
+    values = sum(int(v.size) for v in tensors.values())
+    lines = [
+        f"{os.fspath(path)}: LoRA adapters ({_mb(size).strip()}), rank {c.get('rank')}, alpha {c.get('alpha')}, "
+        f"{len(header['modules'])} layer(s), {values:,} values, after step {header.get('step', 0)}",
+        f"  for the training program {str(header.get('program_id', ''))[:16]} (base model sha256 "
+        f"{str(header.get('source_sha256', ''))[:16]})",
+    ]
+    for m in header["modules"]:
+        a, b = tensors[m["A"]], tensors[m["B"]]
+        lines.append(f"  {m['weight']}: A {list(a.shape)}, B {list(b.shape)}")
+    return "\n".join(lines)
 
 
 def summary(path: str | os.PathLike) -> dict[str, Any]:
@@ -132,6 +169,14 @@ def summary(path: str | os.PathLike) -> dict[str, Any]:
 
     kind, header, tensors = _load(path)
     out: dict[str, Any] = {"path": os.fspath(path), "size_bytes": os.path.getsize(path)}
+    if kind == "adapters":
+        return {
+            **out,
+            "kind": "adapters",
+            "config": header["config"],
+            "step": header.get("step", 0),
+            "tensors": {k: list(v.shape) for k, v in tensors.items()},
+        }
     if kind == "checkpoint":
         return {
             **out,

@@ -577,6 +577,7 @@ class TrainingSession:
         preprocessing: bool = True,
         requantize: bool = False,
         float_model: bool = False,
+        adapters: str = "merged",
     ) -> None:
         """Writes the inference model with the trained parameters (nothing of the training graph); onnxruntime
         runs it. A declared input pipeline goes in as graph nodes before the model (preprocessing=False leaves it
@@ -584,7 +585,10 @@ class TrainingSession:
         raw data gives the session's answer. An int8 model is written in the form it came in (QDQ, QOperator or
         dynamic), its trained weights requantized with the model's scales (requantize=True fits new scales to the
         trained weights, per channel where the model's are); float_model=True writes the float model instead
-        (no quantization, the trained float weights). Needs the onnx package."""
+        (no quantization, the trained float weights). A model with LoRA adapters is written merged (adapters="merged":
+        the original graph with W + (alpha / rank) A B, a drop-in replacement) or for onnxruntime's multi-LoRA serving
+        (adapters="serving": the adapters are graph inputs whose default initializers are this session's; see
+        export_adapters for the per-user files). Needs the onnx package."""
         try:
             from edgetrain.onnx_io.writer import export_inference  # needs onnx: an optional dependency
         except ImportError as e:
@@ -599,6 +603,7 @@ class TrainingSession:
             "edgetrain.source_sha256": str(prov.get("source_sha256", "")),
         }
         base, params = self._export_graph(requantize, float_model)
+        base, params, defaults = self._adapted(base, params, adapters)
         if self._pipeline is not None and self._pipeline.declared:
             spec = json.dumps(self._pipeline.to_json())
             if preprocessing:
@@ -608,7 +613,64 @@ class TrainingSession:
                 props["edgetrain.preprocessing_in_graph"] = spec
             else:
                 props["edgetrain.preprocessing"] = spec
-        export_inference(base, params, path, props=props)
+        export_inference(base, params, path, props=props, inputs_with_defaults=defaults)
+
+    def _adapted(self, base, params: dict, how: str):
+        """(graph, initializers, inputs with defaults) of the export with adapters merged or served."""
+        a = self.artifact.adapters
+        if how not in ("merged", "serving"):
+            raise ConfigError(f"adapters='{how}': give 'merged' or 'serving'")
+        if a is None:
+            return base, params, ()
+        if how == "serving":
+            return base, params, [p for m in a["modules"] for p in (m.A, m.B)]
+        from edgetrain.graph.adapters import (
+            merged_weights,
+            unadapted,
+        )  # only a LoRA model's export needs them
+
+        modules = a["modules"]
+        merged = merged_weights(modules, base.initializers, params)
+        adapter_names = {p for m in modules for p in (m.A, m.B)}
+        rest = {k: v for k, v in params.items() if k not in adapter_names}
+        return unadapted(base, modules), {**rest, **merged}, ()
+
+    def export_adapters(self, path: str | os.PathLike, *, format: str = "edgetrain") -> int:
+        """Writes the trained adapters alone, atomically; returns the file's bytes. format="edgetrain": a container
+        (kind "adapters") with each A and B, the LoRA settings and the base model's digest, for checkpoints, rollback
+        and the fleet (load_adapters reads it back); format="onnxruntime": onnxruntime's adapter format, which
+        onnxruntime.LoraAdapter loads to serve this user on the model export_onnx(adapters="serving") writes (needs
+        onnxruntime)."""
+        a = self.artifact.adapters
+        if a is None:
+            raise ConfigError(f"'{self.artifact.path}' has no adapters: convert with adapters=et.LoRA(...)")
+        tensors = {p: np.ascontiguousarray(self._values[p]) for m in a["modules"] for p in (m.A, m.B)}
+        if format == "onnxruntime":
+            return _write_ort_adapter(path, tensors)
+        if format != "edgetrain":
+            raise ConfigError(f"format='{format}': give 'edgetrain' or 'onnxruntime'")
+        header = {
+            "config": a["config"],
+            "modules": [m.to_dict() for m in a["modules"]],
+            "program_id": self.artifact.program_id,
+            "source_sha256": self.artifact.header.get("provenance", {}).get("source_sha256", ""),
+            "step": self.step,
+        }
+        return write_container(path, kind="adapters", header=header, tensors=tensors)
+
+    def load_adapters(self, path: str | os.PathLike) -> None:
+        """Puts in the adapters export_adapters wrote (of an artifact of the same program)."""
+        header, tensors = read_container(path, kind="adapters")
+        if header.get("program_id") != self.artifact.program_id:
+            raise ArtifactError(
+                f"'{path}' holds adapters of another training program than '{self.artifact.path}'s; convert the "
+                "same model with the same LoRA settings"
+            )
+        names = {p for m in (self.artifact.adapters or {}).get("modules", []) for p in (m.A, m.B)}
+        if set(tensors) != names:
+            raise ArtifactError(f"'{path}' holds other adapter tensors than this artifact's")
+        for k, v in tensors.items():
+            self._assign(k, v)
 
     def _export_graph(self, requantize: bool, float_model: bool):
         """(the graph to export, the initializers it takes from training)."""
@@ -770,3 +832,27 @@ def _scalar(value: np.ndarray, name: str) -> float:
             "artifact's program does not compute what it declares; convert the model again"
         )
     return float(a.reshape(()))
+
+
+def _write_ort_adapter(path, tensors: Mapping[str, np.ndarray]) -> int:
+    """onnxruntime's adapter file (flatbuffers, written by onnxruntime itself), atomically."""
+    try:
+        import onnxruntime as ort  # build side: only this format needs it
+    except ImportError as e:
+        raise UnsupportedError(
+            "format='onnxruntime' needs onnxruntime (pip install onnxruntime); format='edgetrain' needs nothing"
+        ) from e
+    fmt = ort.AdapterFormat()
+    fmt.set_adapter_version(1)
+    fmt.set_model_version(1)
+    fmt.set_parameters({k: ort.OrtValue.ortvalue_from_numpy(v) for k, v in tensors.items()})
+    directory = os.path.dirname(os.path.abspath(os.fspath(path)))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".adapter-", suffix=".onnx_adapter")
+    os.close(fd)
+    try:
+        fmt.export_adapter(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return os.path.getsize(path)

@@ -1,0 +1,201 @@
+"""Adapter modules (numpy only): what `convert(..., adapters=...)` inserts into the imported graph, beside ILoss and
+IOptimizer. LoRA adds a low-rank update to chosen MatMul/Gemm layers:
+
+    y = x W (+ b)   becomes   y = x W (+ b) + (alpha / rank) * (x A) B
+
+with A [in, rank] initialized as PEFT does (Kaiming-uniform, a = sqrt(5): uniform in +-1/sqrt(in)) and B [rank, out]
+zero, so the adapted model starts equal to the base model. The base weights are frozen; only the adapters (and what
+`trainable=` adds, a head say) train, and the autodiff takes no gradient it does not need. A and B are stored in the
+layout the graph multiplies them in (PEFT's lora_A.weight is A transposed, its lora_B.weight B transposed).
+
+Each adapted layer is recorded (edgetrain.graph.adapters.LoraModule) so that the runtime can export the model
+three ways: merged (W + (alpha / rank) A B folded into the weight: the original graph, a drop-in replacement),
+for onnxruntime's multi-LoRA serving (A and B as graph inputs with default initializers), and the adapters alone.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from edgetrain.core.errors import ConfigError, UnsupportedError
+from edgetrain.core.ir import Graph, Node, TensorInfo
+from edgetrain.graph.adapters import LoraModule
+
+from .params import PARAMETER, Role, Roles, _matches
+
+F32 = np.float32
+LINEAR = ("MatMul", "Gemm")
+
+
+class IAdapter(ABC):
+    """An adapter insertion module: adds trainable adapter parameters to the imported graph, before the loss, the
+    gradients and the optimizer are."""
+
+    @abstractmethod
+    def insert(self, graph: Graph, roles: Roles) -> tuple[Graph, Roles, list[LoraModule], list[str]]:
+        """(the graph with adapters, the roles with theirs added as parameters, the adapted layers, notes)."""
+
+    @abstractmethod
+    def config(self) -> dict[str, Any]:
+        """JSON-able settings, stored in the artifact."""
+
+
+class LoRA(IAdapter):
+    """Low-rank adapters (Hu et al. 2021, as PEFT inserts them). rank and alpha as in PEFT (scale alpha / rank);
+    targets: glob patterns over parameter names, node names and recovered module paths ('*q_proj*', '*attn*'),
+    None for every MatMul/Gemm with a constant 2-D weight; seed: A's initialization."""
+
+    def __init__(
+        self,
+        rank: int = 8,
+        alpha: float = 16.0,
+        targets: str | Sequence[str] | None = None,
+        dropout: float = 0.0,
+        seed: int = 0,
+    ):
+        if type(rank) is not int or rank < 1:
+            raise ConfigError(f"LoRA rank must be a positive integer, not {rank!r}")
+        if not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or alpha <= 0:
+            raise ConfigError(f"LoRA alpha must be a positive number, not {alpha!r}")
+        if dropout != 0.0:
+            raise ConfigError(
+                f"LoRA dropout={dropout} is not supported: edgetrain's steps are deterministic; use dropout=0.0"
+            )
+        self.rank, self.alpha, self.seed = rank, float(alpha), int(seed)
+        self.targets = [targets] if isinstance(targets, str) else (None if targets is None else list(targets))
+
+    def config(self) -> dict[str, Any]:
+        return {
+            "type": "LoRA",
+            "rank": self.rank,
+            "alpha": self.alpha,
+            "targets": self.targets,
+            "seed": self.seed,
+        }
+
+    def insert(self, graph: Graph, roles: Roles) -> tuple[Graph, Roles, list[LoraModule], list[str]]:
+        sites = _sites(graph, roles)
+        chosen = [s for s in sites if self._wanted(roles.entries[s[0]])]
+        if self.targets is not None:
+            for pat in self.targets:
+                if not any(_matches(roles.entries[site[0]], pat) for site in sites):
+                    raise UnsupportedError(_no_target(pat, sites, roles))
+        if not chosen:
+            raise UnsupportedError("LoRA found no MatMul or Gemm with a constant 2-D weight to adapt")
+        g = graph.copy()
+        entries = dict(roles.entries)
+        rng = np.random.default_rng(self.seed)
+        modules = []  # inserted from the last node back, so that the indices of those before stay valid
+        for weight, k, fan_in, fan_out, transposed in sorted(chosen, key=lambda site: -site[1]):
+            m = _insert_one(g, g.nodes[k], weight, (fan_in, fan_out, transposed), self, rng)
+            modules.append(m)
+            node = g.producers()[m.base_output]
+            for name, what in ((m.A, "A"), (m.B, "B")):
+                arr = g.initializers[name]
+                entries[name] = Role(
+                    name,
+                    PARAMETER,
+                    f"LoRA {what} of {node.op_type}",
+                    [node.name],
+                    tuple(arr.shape),
+                    "float32",
+                    scopes=list(roles.entries[weight].scopes),
+                )
+        modules.reverse()
+        n = sum(g.initializers[m.A].size + g.initializers[m.B].size for m in modules)
+        notes = [
+            f"LoRA (rank {self.rank}, alpha {self.alpha:g}) on {len(modules)} layer(s): {n:,} adapter values train, "
+            f"the base stays frozen; e.g. {', '.join(repr(m.weight) for m in modules[:3])}"
+            + (" ..." if len(modules) > 3 else "")
+        ]
+        return g, Roles(entries), modules, notes
+
+    def _wanted(self, role: Role) -> bool:
+        return self.targets is None or any(_matches(role, p) for p in self.targets)
+
+
+def _sites(graph: Graph, roles: Roles) -> list[tuple[str, int, int, int, bool]]:
+    """(weight, node index, in features, out features) of every MatMul/Gemm reading a constant 2-D weight as its
+    right operand, directly or through a Transpose (a Gemm's transB too), with the data as its left operand; and
+    whether the [in, out] operand is the weight transposed."""
+    producers = graph.producers()
+    out = []
+    for k, n in enumerate(graph.nodes):
+        if n.op_type not in LINEAR or len(n.inputs) < 2 or n.attrs.get("transA", 0):
+            continue
+        w, transposed = n.inputs[1], bool(n.attrs.get("transB", 0))
+        p = producers.get(w)
+        if p is not None and p.op_type == "Transpose" and list(p.attrs.get("perm", [1, 0])) == [1, 0]:
+            w, transposed = p.inputs[0], not transposed
+        arr = graph.initializers.get(w)
+        r = roles.entries.get(w)
+        if arr is None or arr.ndim != 2 or arr.dtype != F32 or r is None or r.kind != PARAMETER:
+            continue
+        if n.inputs[0] in graph.initializers:
+            continue
+        fan_in, fan_out = (arr.shape[1], arr.shape[0]) if transposed else arr.shape
+        out.append((w, k, int(fan_in), int(fan_out), transposed))
+    return out
+
+
+def _stem(weight: str) -> str:
+    return weight[: -len(".weight")] if weight.endswith(".weight") else weight
+
+
+def _fresh(g: Graph, name: str) -> str:
+    used = set(g.values) | set(g.initializers) | {o for n in g.nodes for o in n.outputs}
+    out, k = name, 0
+    while out in used:
+        k += 1
+        out = f"{name}_{k}"
+    return out
+
+
+def _insert_one(
+    g: Graph, node: Node, weight: str, site: tuple[int, int, bool], lora: LoRA, rng
+) -> LoraModule:
+    """y = op(x, W) -> y_base = op(x, W); y = y_base + s (x A) B, in place on g."""
+    fan_in, fan_out, transposed = site
+    stem = _stem(weight)
+    a, b = _fresh(g, f"{stem}.lora_A"), _fresh(g, f"{stem}.lora_B")
+    bound = 1.0 / math.sqrt(fan_in)  # kaiming_uniform_(a=sqrt(5)) on PEFT's [rank, in] lora_A
+    g.initializers[a] = np.ascontiguousarray(rng.uniform(-bound, bound, (lora.rank, fan_in)).astype(F32).T)
+    g.initializers[b] = np.zeros((lora.rank, fan_out), F32)
+    y = node.outputs[0]
+    info = g.values.get(y)
+    names = {k: _fresh(g, f"{y}_lora_{k}") for k in ("base", "xa", "xab", "scaled")}
+    s = _fresh(g, f"{stem}.lora_scale")
+    scale = lora.alpha / lora.rank
+    g.initializers[s] = np.asarray(scale, F32)
+    for v, shape in ((a, (fan_in, lora.rank)), (b, (lora.rank, fan_out)), (s, ())):
+        g.values[v] = TensorInfo(np.dtype(F32), shape)
+    x = node.inputs[0]
+    xinfo = g.values.get(x)
+    lead = tuple(xinfo.shape[:-1]) if xinfo is not None and xinfo.shape else None
+    for key, last in (("xa", lora.rank), ("xab", fan_out), ("scaled", fan_out)):
+        g.values[names[key]] = TensorInfo(np.dtype(F32), None if lead is None else lead + (last,))
+    g.values[names["base"]] = info if info is not None else TensorInfo(np.dtype(F32), None)
+    at = next(k for k, n in enumerate(g.nodes) if n is node)
+    prefix = f"{node.name or y}/lora"
+    new = [
+        Node("MatMul", (x, a), (names["xa"],), {}, f"{prefix}_A"),
+        Node("MatMul", (names["xa"], b), (names["xab"],), {}, f"{prefix}_B"),
+        Node("Mul", (names["xab"], s), (names["scaled"],), {}, f"{prefix}_scale"),
+        Node("Add", (names["base"], names["scaled"]), (y,), {}, f"{prefix}_add"),
+    ]
+    g.nodes[at : at + 1] = [node.replace(outputs=(names["base"], *node.outputs[1:]))] + new
+    merge = "transposed" if transposed else "same"
+    return LoraModule(weight, node.name, a, b, scale, y, names["base"], [n.name for n in new], merge)
+
+
+def _no_target(pat: str, sites, roles: Roles) -> str:
+    shown = ", ".join(repr(w) for w, *_ in sites[:6]) + (" ..." if len(sites) > 6 else "")
+    return (
+        f"LoRA target '{pat}' matches no MatMul/Gemm weight (by parameter name, node name or module path); the "
+        f"layers LoRA can adapt: {shown}"
+    )
