@@ -118,6 +118,28 @@ def _threads(args: argparse.Namespace) -> None:
             os.environ[var] = str(n)
 
 
+def _init(args: argparse.Namespace) -> int:
+    from .app import Home  # numpy loads with it: after main() has set the BLAS thread count
+
+    home = Home.init(
+        args.home,
+        args.artifact,
+        policy=args.policy,
+        max_steps=args.max_steps,
+        max_seconds=args.max_seconds,
+        threads=args.threads,
+    )
+    print(f"set up {home.path}: model {os.path.basename(args.artifact)}, version 0, no samples yet")
+    if home.int8_form is not None:
+        print(
+            f"an int8 model ({home.int8_form.upper()} form): bursts train float master weights through its fake "
+            "quantization; a kept version exports as int8 on a workstation:\n"
+            "  edgetrain export model.etrain --checkpoint versions/vNNNNNN.etck -o model.onnx"
+        )
+    print(f"next: python -m android_demo --home {args.home} add --data PATH   (or serve)")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from .app import Home  # numpy loads with it: only now, after main() has set the BLAS thread count
 
@@ -137,17 +159,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.home:
         raise UsageError(f"{args.command} needs --home DIR (the app's folder)")
     if args.command == "init":
-        home = Home.init(
-            args.home,
-            args.artifact,
-            policy=args.policy,
-            max_steps=args.max_steps,
-            max_seconds=args.max_seconds,
-            threads=args.threads,
-        )
-        print(f"set up {home.path}: model {os.path.basename(args.artifact)}, version 0, no samples yet")
-        print(f"next: python -m android_demo --home {args.home} add --data PATH   (or serve)")
-        return 0
+        return _init(args)
     home = Home(args.home)
     if args.command == "add":
         from edgetrain.runtime.feeding import (

@@ -101,6 +101,24 @@ def _json_number(v: float | None) -> float | None:
     return None if v is None or not math.isfinite(v) else float(v)
 
 
+def _int8_form(sess: et.TrainingSession) -> str | None:
+    q = sess.artifact.quantized
+    return None if q is None else str(q["form"])
+
+
+_QUANTIZERS = ("FakeQuantize", "QuantizeLinear", "DequantizeLinear")
+
+
+def _ends_in_softmax(sess: et.TrainingSession) -> bool:
+    """Whether the model's output is a Softmax's, read directly or through an int8 model's output quantization."""
+    graph = sess.artifact.base
+    producers = graph.producers()
+    node = producers.get(graph.outputs[0])
+    while node is not None and node.op_type in _QUANTIZERS:
+        node = producers.get(node.inputs[0])
+    return node is not None and node.op_type == "Softmax"
+
+
 class Home:
     """One user's app state on the device. Thread-safe: the page serves requests while a burst runs; bursts and
     writes to the model take one lock, and every thread opens the sample store itself (SQLite connections are not
@@ -144,6 +162,7 @@ class Home:
             batch=session_batch(sess),
             classes=sess.num_classes,
             parameters=int(sum(v.size for v in sess.parameters().values())),
+            int8=_int8_form(sess),
         )
         return home
 
@@ -251,6 +270,11 @@ class Home:
         return tuple(int(d) for d in sess.artifact.program.values[name].shape[1:])
 
     @property
+    def int8_form(self) -> str | None:
+        """An int8 model's form as it came ("qdq", ...), which its versions export in; None for a float model."""
+        return _int8_form(self._inference())
+
+    @property
     def num_classes(self) -> int | None:
         """The model's classes (None for a regression model)."""
         return self._inference().num_classes
@@ -264,9 +288,12 @@ class Home:
                 self._session_cache = (v, self.session())
             sess = self._session_cache[1]
             out = np.asarray(sess.run(self._model_input(sess, np.asarray(x))), np.float64)
-        if sess.num_classes is not None and not np.allclose(out.sum(axis=1), 1.0, atol=1e-3):
-            out = np.exp(out - out.max(axis=1, keepdims=True))
-            out /= out.sum(axis=1, keepdims=True)
+        # logits become probabilities; a Softmax's output stays as the model gives it, an int8 model's too, whose
+        # quantized probabilities sum to 1 only within its output's steps (a softmax of them would flatten them)
+        if sess.num_classes is not None and not _ends_in_softmax(sess):
+            if not np.allclose(out.sum(axis=1), 1.0, atol=1e-3):
+                out = np.exp(out - out.max(axis=1, keepdims=True))
+                out /= out.sum(axis=1, keepdims=True)
         return (out, v) if with_version else out
 
     # ---- samples -------------------------------------------------------------------------------------------------

@@ -36,6 +36,10 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    if args.quantized:
+        from edgetrain.demo import run_quantized_command  # start-up: loaded only when the int8 demo runs
+
+        return run_quantized_command(args)
     from .build import run_demo  # start-up: loaded only when the demo runs
 
     return run_demo(args)
@@ -526,4 +530,10 @@ def _add_demo(sub, common: argparse.ArgumentParser) -> None:
     d.add_argument("--epochs", type=int, default=20, help="fine-tuning epochs (default 20)")
     d.add_argument("--no-plot", action="store_true", help="do not write the training-curve plot")
     d.add_argument("--json", help="also write the results as JSON to this file")
+    d.add_argument(
+        "--quantized",
+        action="store_true",
+        help="the LeNet quantized to int8 by onnxruntime (needs onnxruntime): float and int8 personalized side by "
+        "side, exported int8 and float, measured by onnxruntime (files in ./edgetrain-demo-int8)",
+    )
     d.set_defaults(run=_demo, parser=d)
