@@ -5,6 +5,7 @@ inference model written atomically (nothing of the training graph goes in)."""
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -141,3 +142,27 @@ def _function_proto(graph: Graph, sub: Graph, fname: str) -> onnx.FunctionProto:
 def _ir_version_for(opset: int) -> int:
     table = getattr(helper, "OP_SET_ID_VERSION_MAP", {})
     return int(table.get(("ai.onnx", opset), 8))
+
+
+def write_ort_adapter(path: str | os.PathLike, tensors: Mapping[str, np.ndarray]) -> int:
+    """onnxruntime's adapter file (flatbuffers, written by onnxruntime itself), atomically."""
+    try:
+        import onnxruntime as ort  # build side: only this format needs it
+    except ImportError as e:
+        raise UnsupportedError(
+            "format='onnxruntime' needs onnxruntime (pip install onnxruntime); format='edgetrain' needs nothing"
+        ) from e
+    fmt = ort.AdapterFormat()
+    fmt.set_adapter_version(1)
+    fmt.set_model_version(1)
+    fmt.set_parameters({k: ort.OrtValue.ortvalue_from_numpy(v) for k, v in tensors.items()})
+    directory = os.path.dirname(os.path.abspath(os.fspath(path)))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".adapter-", suffix=".onnx_adapter")
+    os.close(fd)
+    try:
+        fmt.export_adapter(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return os.path.getsize(path)

@@ -109,12 +109,7 @@ def load_artifact(
     ):
         raise _bad(path, "its inference graph has no output, or an input that is no data input of the model")
     initial = _initial(path, header, tensors, program, io)
-    batch_plan = None
-    if header.get("batch_plan") is not None:
-        try:
-            batch_plan = BatchPlan.from_dict(header["batch_plan"])
-        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
-            raise _bad(path, f"its batch plan is malformed ({type(e).__name__}: {e})") from None
+    batch_plan = _batch_plan(path, header)
     fused = None
     if header.get("fused") is not None:
         f = header["fused"]
@@ -132,12 +127,10 @@ def load_artifact(
         _fed(path, fprogram, io, "fused step program")
         if io["loss"] not in fprogram.outputs:
             raise _bad(path, f"its fused step program does not output the loss '{io['loss']}'")
-    quantized = None
-    if header.get("quantized") is not None:
-        quantized = _quantized(path, header["quantized"], graph, io, tensors)
-    adapters = None
-    if header.get("adapters") is not None:
-        adapters = _adapters(path, header["adapters"], io, base)
+    quantized = (
+        None if header.get("quantized") is None else _quantized(path, header["quantized"], graph, io, tensors)
+    )
+    adapters = None if header.get("adapters") is None else _adapters(path, header["adapters"], io, base)
     return LoadedArtifact(
         path, header, program, base, plan, initial, tensors, batch_plan, fused, quantized, adapters
     )
@@ -174,6 +167,15 @@ def _adapters(path: str, a: Any, io: dict, base: Graph) -> dict[str, Any]:
             )
         modules.append(m)
     return {"config": a["config"], "modules": modules}
+
+
+def _batch_plan(path: str, header: dict) -> BatchPlan | None:
+    if header.get("batch_plan") is None:
+        return None
+    try:
+        return BatchPlan.from_dict(header["batch_plan"])
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+        raise _bad(path, f"its batch plan is malformed ({type(e).__name__}: {e})") from None
 
 
 def _quantized(path: str, q: Any, graph, io: dict, tensors: dict[str, np.ndarray]) -> dict[str, Any]:

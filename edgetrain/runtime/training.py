@@ -646,7 +646,9 @@ class TrainingSession:
             raise ConfigError(f"'{self.artifact.path}' has no adapters: convert with adapters=et.LoRA(...)")
         tensors = {p: np.ascontiguousarray(self._values[p]) for m in a["modules"] for p in (m.A, m.B)}
         if format == "onnxruntime":
-            return _write_ort_adapter(path, tensors)
+            from edgetrain.onnx_io.writer import write_ort_adapter  # build side: needs onnxruntime
+
+            return write_ort_adapter(path, tensors)
         if format != "edgetrain":
             raise ConfigError(f"format='{format}': give 'edgetrain' or 'onnxruntime'")
         header = {
@@ -832,27 +834,3 @@ def _scalar(value: np.ndarray, name: str) -> float:
             "artifact's program does not compute what it declares; convert the model again"
         )
     return float(a.reshape(()))
-
-
-def _write_ort_adapter(path, tensors: Mapping[str, np.ndarray]) -> int:
-    """onnxruntime's adapter file (flatbuffers, written by onnxruntime itself), atomically."""
-    try:
-        import onnxruntime as ort  # build side: only this format needs it
-    except ImportError as e:
-        raise UnsupportedError(
-            "format='onnxruntime' needs onnxruntime (pip install onnxruntime); format='edgetrain' needs nothing"
-        ) from e
-    fmt = ort.AdapterFormat()
-    fmt.set_adapter_version(1)
-    fmt.set_model_version(1)
-    fmt.set_parameters({k: ort.OrtValue.ortvalue_from_numpy(v) for k, v in tensors.items()})
-    directory = os.path.dirname(os.path.abspath(os.fspath(path)))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".adapter-", suffix=".onnx_adapter")
-    os.close(fd)
-    try:
-        fmt.export_adapter(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return os.path.getsize(path)
