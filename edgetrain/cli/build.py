@@ -115,6 +115,7 @@ def run_convert(args: argparse.Namespace) -> int:
         untie=untie,
         parameters=args.parameters,
         preprocessing=_declared_preprocessing(args),
+        adapters=_lora(args),
     )
     fallback = None
     try:
@@ -190,6 +191,19 @@ def run_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _lora(args: argparse.Namespace):
+    """The LoRA adapter module --lora-rank asks for, or None."""
+    rank = getattr(args, "lora_rank", None)
+    if rank is None:
+        if getattr(args, "lora_alpha", None) is not None or getattr(args, "lora_targets", None):
+            raise UsageError("--lora-alpha and --lora-targets need --lora-rank R")
+        return None
+    from edgetrain.derive.adapters import LoRA  # build side
+
+    alpha = args.lora_alpha if args.lora_alpha is not None else 2.0 * rank
+    return LoRA(rank=rank, alpha=alpha, targets=args.lora_targets)
+
+
 def run_export(args: argparse.Namespace) -> int:
     sess = open_session(args.artifact)
     which = load_weights(sess, args.checkpoint, args.artifact)
@@ -200,8 +214,12 @@ def run_export(args: argparse.Namespace) -> int:
             f"--{'requantize' if requantize else 'float'} applies to an int8 model; '{args.artifact}' was converted "
             "from a float model"
         )
-    sess.export_onnx(args.output, preprocessing=in_graph, requantize=requantize, float_model=float_model)
+    adapters = getattr(args, "adapters", "merged")
+    sess.export_onnx(
+        args.output, preprocessing=in_graph, requantize=requantize, float_model=float_model, adapters=adapters
+    )
     print(f"exported {args.output} ({mb(os.path.getsize(args.output))}) from {which}")
+    _export_adapters(sess, args, adapters)
     q = sess.artifact.quantized
     if q is not None:
         form = "float (no quantization)" if float_model else f"int8, {q['form']} form as it came"
@@ -250,6 +268,27 @@ def run_export(args: argparse.Namespace) -> int:
         f"({'matches' if ok else 'DOES NOT MATCH'} edgetrain)"
     )
     return 0 if ok else 1
+
+
+def _export_adapters(sess, args: argparse.Namespace, how: str) -> None:
+    """Says how the adapters went into the export; writes --adapter-file."""
+    a = sess.artifact.adapters
+    path = getattr(args, "adapter_file", None)
+    if a is None:
+        if path:
+            raise UsageError(
+                f"--adapter-file: '{args.artifact}' has no adapters (convert with --lora-rank R)"
+            )
+        return
+    n = len(a["modules"])
+    print(
+        f"  {n} LoRA adapter(s) "
+        + ("merged into the weights" if how == "merged" else "served: inputs with defaults")
+    )
+    if path:
+        fmt = "onnxruntime" if path.endswith(".onnx_adapter") else "edgetrain"
+        size = sess.export_adapters(path, format=fmt)
+        print(f"  adapters alone: {path} ({mb(size)}, {fmt} format)")
 
 
 def _random_batch(arg, sess):

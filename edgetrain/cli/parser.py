@@ -155,9 +155,31 @@ def convert_arguments(c: argparse.ArgumentParser) -> None:
         "with a fixed one (checked against the model as exported)",
     )
     c.add_argument("--model-output", help="the model output the loss reads (default: the first)")
+    _lora_arguments(c)
     _preprocessing_arguments(c)
     c.add_argument("--emit-onnx", metavar="STEP.onnx", help="also write the training step as standard ONNX")
     c.set_defaults(run=_convert, parser=c)
+
+
+def _lora_arguments(c: argparse.ArgumentParser) -> None:
+    """--lora-rank R [--lora-alpha A] [--lora-targets PATTERN ...]: LoRA adapters, which then alone train."""
+    c.add_argument(
+        "--lora-rank",
+        type=int,
+        metavar="R",
+        help="insert LoRA adapters of rank R into the MatMul/Gemm layers (--lora-targets chooses which); the base "
+        "stays frozen and only the adapters train, with what --trainable adds",
+    )
+    c.add_argument(
+        "--lora-alpha", type=float, metavar="A", help="LoRA's alpha: the update is scaled by A/R (default 2R)"
+    )
+    c.add_argument(
+        "--lora-targets",
+        nargs="+",
+        metavar="PATTERN",
+        help="the layers to adapt: glob patterns over weight names, node names and module paths, e.g. '*attn*' "
+        "(default: every MatMul/Gemm with a constant weight)",
+    )
 
 
 def _hw(text: str) -> tuple[int, int]:
@@ -359,6 +381,19 @@ def _add_export(sub, common: argparse.ArgumentParser) -> None:
         action="store_true",
         help="an int8 model: fit new scales to the trained weights (per channel where the model's are) instead of "
         "keeping the model's",
+    )
+    x.add_argument(
+        "--adapters",
+        choices=["merged", "serving"],
+        default="merged",
+        help="a model with LoRA adapters: merged into the weights (default: the original graph), or served by "
+        "onnxruntime's multi-LoRA (the adapters are inputs with defaults; --adapter-file writes a user's)",
+    )
+    x.add_argument(
+        "--adapter-file",
+        metavar="FILE",
+        help="also write the trained adapters alone: onnxruntime's adapter format for a FILE ending in "
+        ".onnx_adapter, else edgetrain's (.etad)",
     )
     q.add_argument(
         "--float",
