@@ -376,3 +376,47 @@ def test_the_frozen_int8_prefix_is_cached_bit_for_bit(lenet, tmp_path):
     (la, pa, info), (lb, pb, _) = train(True), train(False)
     assert info["enabled"] and info["hits"] == 64, info
     assert la == lb and all(np.array_equal(pa[k], pb[k]) for k in pb)
+
+
+def test_reduce_range_weights_keep_to_their_7_bits(tmp_path):
+    """A model quantized with onnxruntime's reduce_range (int8 weights in -64..64, so that its x86 kernels cannot
+    saturate) keeps its weights in that range while training and in the export, however far training pushes them;
+    the step as ONNX (the narrowed FakeQuantize's standard-op body) runs in onnxruntime as edgetrain runs it."""
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+
+    src = tmp_path / "reduced.onnx"
+    quantize_static(
+        str(DATA / "digits_lenet.onnx"),
+        str(src),
+        _Images(),
+        quant_format=QuantFormat.QDQ,
+        per_channel=True,
+        activation_type=QuantType.QUInt8,
+        weight_type=QuantType.QInt8,
+        reduce_range=True,
+    )
+    art = et.convert(
+        str(src), loss=et.CrossEntropyLoss(), optimizer=et.SGD(lr=2.0, momentum=0.9), batch_size=8
+    )
+    assert any("reduce_range" in n for n in art.notes), art.notes
+    path = tmp_path / "step.onnx"
+    onnx.save(art.training_onnx(), str(path))
+    x, y = _batch(7)
+    feeds = art.feeds({"image": x.astype(np.float32) / np.float32(255)}, y)
+    names = [n for n in art.graph.inputs if n in feeds and n not in art.parameters + art.state]
+    ref = dict(zip(art.graph.outputs, _ort(path, {n: feeds[n] for n in names})))
+    from edgetrain.core.interpreter import Interpreter
+
+    got = dict(zip(art.graph.outputs, Interpreter(art.graph).run(feeds)))
+    for p, out in art.updates.items():
+        np.testing.assert_allclose(got[out], ref[out], rtol=1e-5, atol=1e-6, err_msg=p)
+    sess = et.TrainingSession(art)
+    for _ in range(5):
+        sess.train_step(x, y)
+    sess.export_onnx(tmp_path / "out.onnx")
+    for i in onnx.load(str(tmp_path / "out.onnx")).graph.initializer:
+        if i.name.endswith("weight_quantized"):
+            q = numpy_helper.to_array(i)
+            assert q.min() >= -64 and q.max() <= 64, (i.name, q.min(), q.max())
+    (ref_out,) = _ort(tmp_path / "out.onnx", {"image": x})
+    np.testing.assert_array_equal(ref_out, sess.run(x))

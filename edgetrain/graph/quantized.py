@@ -53,6 +53,9 @@ class QuantWeight:
     # the integer tensor is the master transposed (a Gemm weight the dynamic quantizer stored as MatMul's); axis is
     # the master's
     transposed: bool = False
+    # the integer range when narrower than the type's: onnxruntime's reduce_range (int8 -64..64, uint8 0..127)
+    qmin: int | None = None
+    qmax: int | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -108,6 +111,7 @@ def lower(graph: Graph) -> Lowered | None:
         g, notes = to_qdq(graph)
     g = g.copy()
     weights, sources = _masters(g)
+    narrow = _narrow_range(g, weights, sources)
     pairs = _fuse_pairs(g)
     g.nodes = [n for n in g.nodes if n is not None]
     _link_bias_scales(g, weights)
@@ -116,6 +120,7 @@ def lower(graph: Graph) -> Lowered | None:
         f"{sum(w.kind == 'bias' for w in weights)} bias(es) train as float masters on the model's grid (fake "
         f"quantization, straight-through gradients); {pairs} activation quantization(s) kept; frozen weights stay "
         "int8; the export is int8 in the same form"
+        + (f"; its weights use {narrow} (reduce_range), and keep to it while training" if narrow else "")
     )
     return Lowered(g, graph, form, weights, sources, notes)
 
@@ -223,6 +228,32 @@ def _new_master(g: Graph, n: Node, q: np.ndarray) -> QuantWeight | None:
     return QuantWeight(
         master, src, scale, zp if kind == "weight" else "", axis, kind, q.dtype.name, transposed=transposed
     )
+
+
+_REDUCED = {np.dtype(np.int8): (-64, 64), np.dtype(np.uint8): (0, 127)}  # onnxruntime's reduce_range
+
+
+def _narrow_range(g: Graph, weights: list[QuantWeight], sources: dict[str, np.ndarray]) -> str:
+    """When every integer weight lies in onnxruntime's reduce_range (7 bits: a symmetric quantizer puts each
+    tensor's largest weight at its range's end, so a model quantized with the full range has weights beyond it),
+    the weights' fake quantizations keep to it (qmin/qmax), and so does the export. Returns what it said, or ""."""
+    ws = [w for w in weights if w.kind == "weight"]
+    if not ws or any(np.dtype(w.dtype) not in _REDUCED for w in ws):
+        return ""
+    for w in ws:
+        lo, hi = _REDUCED[np.dtype(w.dtype)]
+        q = sources[w.source]
+        if q.size == 0 or q.min() < lo or q.max() > hi:
+            return ""
+    for w in ws:
+        w.qmin, w.qmax = _REDUCED[np.dtype(w.dtype)]
+    by_master = {w.name: w for w in ws}
+    for k, n in enumerate(g.nodes):
+        w = by_master.get(n.inputs[0]) if n.op_type == "FakeQuantize" else None
+        if w is not None:
+            g.nodes[k] = n.replace(attrs={**n.attrs, "qmin": w.qmin, "qmax": w.qmax})
+    kinds = sorted({f"{w.dtype} {w.qmin}..{w.qmax}" for w in ws})
+    return ", ".join(kinds)
 
 
 def _zero_point_for(g: Graph, src: str, dtype: np.dtype) -> str:
@@ -356,20 +387,28 @@ def refreeze(low: Lowered, graph: Graph, trained: set[str]) -> Graph:
     return g
 
 
-def _fit_scale(w: np.ndarray, axis: int, per_channel: bool, dtype: np.dtype, symmetric: bool):
-    """onnxruntime's quantizer's weight scale and zero point for w: symmetric (max |w| / 127 for int8) or over
-    [min(w, 0), max(w, 0)]."""
+def _fit_scale(w: np.ndarray, axis: int, per_channel: bool, dtype: np.dtype, symmetric: bool, qw=None):
+    """onnxruntime's quantizer's weight scale and zero point for w (its compute_scale_zp): symmetric over
+    [-max |w|, max |w|] onto -127..127 (int8; -64..64 with reduce_range), else over [min(w, 0), max(w, 0)] onto the
+    type's range (0..127 for uint8 with reduce_range)."""
     info = np.iinfo(dtype)
+    if qw is not None and qw.qmin is not None:
+        qmin, qmax = qw.qmin, qw.qmax
+    elif symmetric:
+        qmin, qmax = -info.max, info.max
+    else:
+        qmin, qmax = info.min, info.max
     red = tuple(a for a in range(w.ndim) if a != axis % w.ndim) if per_channel else None
     lo = np.minimum(np.min(w, axis=red), 0).astype(F32)
     hi = np.maximum(np.max(w, axis=red), 0).astype(F32)
     if symmetric:
-        qmax = F32(min(info.max, -info.min - 1 if info.min < 0 else info.max))
         amax = np.maximum(np.abs(lo), np.abs(hi))
-        scale = np.where(amax > 0, amax / qmax, F32(1)).astype(F32)
+        lo, hi = -amax, amax
+    span = F32(qmax - qmin)
+    scale = np.where(hi > lo, (hi - lo) / span, F32(1)).astype(F32)
+    if symmetric:
         return scale, np.zeros(np.shape(scale), dtype)
-    scale = np.where(hi > lo, (hi - lo) / F32(info.max - info.min), F32(1)).astype(F32)
-    zp = np.clip(np.rint(F32(info.min) - lo / scale), info.min, info.max).astype(dtype)
+    zp = np.clip(np.rint(F32(qmin) - lo / scale), qmin, qmax).astype(dtype)
     return scale, zp
 
 
@@ -393,11 +432,13 @@ def requantize(
         s, z = consts[w.scale], consts[w.zero_point]
         if rederive:
             symmetric = np.dtype(w.dtype).kind == "i" and not np.any(z)
-            s, z = _fit_scale(values[w.name], w.axis, np.size(s) > 1, np.dtype(w.dtype), symmetric)
+            s, z = _fit_scale(values[w.name], w.axis, np.size(s) > 1, np.dtype(w.dtype), symmetric, w)
             s, z = s.reshape(np.shape(consts[w.scale])), z.reshape(np.shape(consts[w.zero_point]))
             out[w.scale], out[w.zero_point] = s, z
             scales[w.scale] = s
         q = quantize_linear(values[w.name], s, z, axis=w.axis)
+        if w.qmin is not None:
+            q = np.clip(q, w.qmin, w.qmax).astype(q.dtype)
         out[w.source] = np.ascontiguousarray(q.T) if w.transposed else q
     for w in weights:
         if w.kind != "bias":

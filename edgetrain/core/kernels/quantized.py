@@ -214,13 +214,16 @@ def _same(node, infos):
 
 
 def _grid(
-    op: str, x: np.ndarray, scale, zero_point, axis: int, out: np.ndarray | None = None
+    op: str, x: np.ndarray, scale, zero_point, axis: int, out: np.ndarray | None = None, qrange=(None, None)
 ) -> tuple[np.ndarray, F32, F32, np.ndarray]:
     """(round(x / scale) in float32 (in out, when given), the least and greatest values of the grid less the zero
-    point, the scale as it broadcasts against x)."""
+    point, the scale as it broadcasts against x). qrange: the integer range, when narrower than the type's (the
+    7-bit weights of onnxruntime's reduce_range)."""
     s, z, dtype = _fake_params(op, x, scale, zero_point, axis)
     info = np.iinfo(dtype)
-    lo, hi = (F32(info.min) - z.astype(F32)), (F32(info.max) - z.astype(F32))
+    qmin = info.min if qrange[0] is None else max(int(qrange[0]), info.min)
+    qmax = info.max if qrange[1] is None else min(int(qrange[1]), info.max)
+    lo, hi = (F32(qmin) - z.astype(F32)), (F32(qmax) - z.astype(F32))
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         v = np.divide(x, s, dtype=F32) if out is None else np.divide(x, s, out=out)
     np.rint(v, out=v)
@@ -229,14 +232,21 @@ def _grid(
 
 @kernel("FakeQuantize", domain=PRIVATE_DOMAIN, inplace=(0,), shape=_same)
 def fake_quantize(
-    x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, *, axis: int = 1, out: np.ndarray | None = None
+    x: np.ndarray,
+    scale: np.ndarray,
+    zero_point: np.ndarray,
+    *,
+    axis: int = 1,
+    qmin: int | None = None,
+    qmax: int | None = None,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """QuantizeLinear then DequantizeLinear with one scale and zero point (float32 in, float32 out), as onnxruntime
     runs the pair: the value a float master weight or an activation takes on its integer grid. Computed in float32
     without the integer round trip: clip(round(x / scale), qmin - zp, qmax - zp) * scale is the same number (the
     bounds are integers, so clipping before or after rounding agrees). A NaN stays NaN (the pair gives 0): the
-    step's non-finite check reports it."""
-    v, lo, hi, s = _grid("FakeQuantize", x, scale, zero_point, axis, out)
+    step's non-finite check reports it. qmin/qmax narrow the integer range (reduce_range's 7-bit weights)."""
+    v, lo, hi, s = _grid("FakeQuantize", x, scale, zero_point, axis, out, (qmin, qmax))
     np.clip(v, lo, hi, out=v)
     v *= s
     return v
@@ -250,11 +260,13 @@ def fake_quantize_grad(
     zero_point: np.ndarray,
     *,
     axis: int = 1,
+    qmin: int | None = None,
+    qmax: int | None = None,
     out: np.ndarray | None = None,
 ) -> np.ndarray:
     """The straight-through estimator with clipping (PyTorch's fake_quantize backward): dy where round(x / scale)
-    + zero_point lies in the integer type's range, 0 where the quantization saturates (and for NaN)."""
-    v, lo, hi, _ = _grid("FakeQuantizeGrad", x, scale, zero_point, axis)
+    + zero_point lies in the integer range, 0 where the quantization saturates (and for NaN)."""
+    v, lo, hi, _ = _grid("FakeQuantizeGrad", x, scale, zero_point, axis, None, (qmin, qmax))
     keep = v >= lo
     keep &= v <= hi
     return np.multiply(dy, keep, out=out) if out is not None else np.multiply(dy, keep, dtype=dy.dtype)
