@@ -252,19 +252,23 @@ def test_head_only_int8_artifact_is_a_fraction_of_the_float_ones(lenet, tmp_path
     assert int8 < 0.4 * flt, (int8, flt)
 
 
+def _step_both_ways(art, x, y, folder):
+    """({output: value} of one step run by edgetrain's interpreter, the same by onnxruntime on training_onnx())."""
+    from edgetrain.core.interpreter import Interpreter
+
+    path = folder / "step.onnx"
+    onnx.save(art.training_onnx(), str(path))
+    feeds = art.feeds({"image": x.astype(np.float32) / np.float32(255)}, y)
+    names = [n for n in art.graph.inputs if n in feeds and n not in art.parameters + art.state]
+    ref = dict(zip(art.graph.outputs, _ort(path, {n: feeds[n] for n in names})))
+    return dict(zip(art.graph.outputs, Interpreter(art.graph).run(feeds))), ref
+
+
 def test_the_training_step_as_onnx_runs_in_onnxruntime_as_edgetrain_runs_it(lenet, tmp_path):
     """training_onnx() writes FakeQuantize and its gradient as ONNX functions in standard ops: onnxruntime's step
     equals edgetrain's (loss and every updated parameter)."""
     art = _convert(lenet["qdq_per_channel"])
-    path = tmp_path / "step.onnx"
-    onnx.save(art.training_onnx(), str(path))
-    x, y = _batch(2)
-    feeds = art.feeds({"image": x.astype(np.float32) / np.float32(255)}, y)
-    names = [n for n in art.graph.inputs if n in feeds and n not in art.parameters + art.state]
-    ref = dict(zip(art.graph.outputs, _ort(path, {n: feeds[n] for n in names})))
-    from edgetrain.core.interpreter import Interpreter
-
-    got = dict(zip(art.graph.outputs, Interpreter(art.graph).run(feeds)))
+    got, ref = _step_both_ways(art, *_batch(2), tmp_path)
     np.testing.assert_allclose(got[art.loss], ref[art.loss], rtol=1e-6)
     for p, out in art.updates.items():
         np.testing.assert_allclose(got[out], ref[out], rtol=1e-5, atol=1e-7, err_msg=p)
@@ -399,15 +403,8 @@ def test_reduce_range_weights_keep_to_their_7_bits(tmp_path):
         str(src), loss=et.CrossEntropyLoss(), optimizer=et.SGD(lr=2.0, momentum=0.9), batch_size=8
     )
     assert any("reduce_range" in n for n in art.notes), art.notes
-    path = tmp_path / "step.onnx"
-    onnx.save(art.training_onnx(), str(path))
     x, y = _batch(7)
-    feeds = art.feeds({"image": x.astype(np.float32) / np.float32(255)}, y)
-    names = [n for n in art.graph.inputs if n in feeds and n not in art.parameters + art.state]
-    ref = dict(zip(art.graph.outputs, _ort(path, {n: feeds[n] for n in names})))
-    from edgetrain.core.interpreter import Interpreter
-
-    got = dict(zip(art.graph.outputs, Interpreter(art.graph).run(feeds)))
+    got, ref = _step_both_ways(art, x, y, tmp_path)
     for p, out in art.updates.items():
         np.testing.assert_allclose(got[out], ref[out], rtol=1e-5, atol=1e-6, err_msg=p)
     sess = et.TrainingSession(art)
