@@ -48,10 +48,8 @@ class _Images:
 @pytest.fixture(scope="module")
 def lenet(tmp_path_factory):
     """{form: the digits LeNet quantized by onnxruntime in that form}."""
-    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_dynamic, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
-
-    from onnxruntime.quantization import quantize_dynamic
 
     folder = tmp_path_factory.mktemp("qat")
     pre = folder / "lenet_pre.onnx"
