@@ -360,7 +360,7 @@ def refreeze(low: Lowered, graph: Graph, trained: set[str]) -> Graph:
     DequantizeLinear: frozen weights stay int8."""
     frozen = [w for w in low.weights if w.name not in trained]
     if not frozen:
-        return graph
+        return _just_in_time(graph)
     g = graph.copy()
     by_name = {w.name: w for w in frozen}
     transposes = {n.inputs[0]: k for k, n in enumerate(g.nodes) if n.op_type == "Transpose"}
@@ -384,7 +384,43 @@ def refreeze(low: Lowered, graph: Graph, trained: set[str]) -> Graph:
             g.nodes.insert(
                 0, Node("DequantizeLinear", (w.source, w.scale), (w.name,), {"axis": w.axis}, w.name + "_dq")
             )
-    return g
+    return _just_in_time(g)
+
+
+def _just_in_time(graph: Graph) -> Graph:
+    """graph with each node that reads constants alone (a weight's DequantizeLinear or FakeQuantize, and what
+    rearranges it) moved to just before its first reader: the quantizer writes every weight's DequantizeLinear
+    first, and run in that order the float weights would all be alive at once (MobileNetV2's arena 3.9 -> 12.8 MB)."""
+    consts = set(graph.initializers)
+    early, rest = [], []
+    for n in graph.nodes:
+        if n.inputs and all(not i or i in consts for i in n.inputs):
+            early.append(n)
+            consts.update(o for o in n.outputs if o)
+        else:
+            rest.append(n)
+    if not early:
+        return graph
+    waiting = {o: n for n in early for o in n.outputs if o}  # a moved node by the values it makes
+    placed: set[int] = set()
+    nodes: list[Node] = []
+
+    def place(value: str) -> None:
+        n = waiting.get(value)
+        if n is None or id(n) in placed:
+            return
+        placed.add(id(n))
+        for i in n.inputs:  # what it reads from other moved nodes, first
+            place(i)
+        nodes.append(n)
+
+    for n in rest:
+        for i in n.inputs:
+            if i in waiting:
+                place(i)
+        nodes.append(n)
+    nodes += [n for n in early if id(n) not in placed]  # read by nothing (kept in place for the outputs)
+    return graph.copy(nodes=nodes)
 
 
 def _fit_scale(w: np.ndarray, axis: int, per_channel: bool, dtype: np.dtype, symmetric: bool, qw=None):
