@@ -419,12 +419,13 @@ def test_reduce_range_weights_keep_to_their_7_bits(tmp_path):
 
 def test_head_only_int8_plans_no_more_memory_than_the_float_model(lenet, tmp_path):
     """The quantizer writes every weight's DequantizeLinear first; the frozen weights are dequantized just before
-    their op instead, so the head-only int8 step's planned arena is the float step's (not all float weights at
-    once)."""
+    their op instead, so the head-only int8 step's planned arena is the float step's and at most one dequantized
+    weight (the float model maps its weights outside the arena), not all float weights at once."""
     from edgetrain.core.container import inspect_container
 
     arenas = []
     for model in (DATA / "digits_lenet.onnx", lenet["qdq_per_channel"]):
         _convert(model, trainable="fc3*").save(tmp_path / "m.etrain")
         arenas.append(inspect_container(tmp_path / "m.etrain")["header"]["plan"]["arena_size"])
-    assert arenas[1] <= arenas[0], arenas
+    largest = 120 * 400 * 4  # fc1's weight, dequantized
+    assert arenas[1] <= arenas[0] + largest, arenas
