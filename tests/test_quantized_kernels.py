@@ -458,12 +458,12 @@ def test_unsupported_contrib_op_is_refused_naming_what_runs():
 
 
 def test_every_quantized_op_has_a_kernel_and_says_why_it_has_no_rule():
-    from edgetrain.core.ops import OPS
+    from edgetrain.core.ops import OPS, QUANTIZED_OPS
 
     quantized = [op for op, rec in OPS.items() if rec.quantized or "Integer" in op or "Quantize" in op]
     assert len(quantized) >= 16
-    for op in quantized:
-        assert op in KERNELS and OPS[op].no_rule, op
+    for op in quantized:  # the model's quantized ops are lowered before gradients; FakeQuantize is what they become
+        assert op in KERNELS and (bool(OPS[op].no_rule) == (op in QUANTIZED_OPS or op == "FakeQuantizeGrad")), op
 
 
 def test_report_max_diffs(report):

@@ -179,12 +179,17 @@ def dequantize_linear(
     axis: int = 1,
     block_size: int = 0,
     output_dtype: int = 0,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
+    """(x - zero point) * scale. Into out (the planned buffer) with no temporary of the tensor's size: a frozen
+    int8 weight is dequantized on the fly each step."""
     op = "DequantizeLinear"
     _qtype(op, "x", x.dtype, (*QTYPES, np.dtype(np.int32)))
-    out = _qtype(op, "x_scale", x_scale.dtype, (np.dtype(np.float32), np.dtype(np.float16)))
-    if output_dtype and np.dtype(_ONNX_DTYPES.get(output_dtype, np.void)) != out:
-        raise UnsupportedError(f"{op}: output_dtype={output_dtype} differs from x_scale's type ({out.name})")
+    dtype = _qtype(op, "x_scale", x_scale.dtype, (np.dtype(np.float32), np.dtype(np.float16)))
+    if output_dtype and np.dtype(_ONNX_DTYPES.get(output_dtype, np.void)) != dtype:
+        raise UnsupportedError(
+            f"{op}: output_dtype={output_dtype} differs from x_scale's type ({dtype.name})"
+        )
     zp = _zero_point(op, "x_zero_point", x_zero_point, x.dtype)
     if x.dtype == np.int32 and np.any(zp):
         raise ModelError(f"{op}: an int32 input takes no zero point but 0 (the spec's int32 form)")
@@ -192,8 +197,13 @@ def dequantize_linear(
     if x_zero_point is not None:
         zp = _along(op, "x_zero_point", zp, x.shape, axis, block_size)
     if x.dtype == np.int32:  # int32 - 0: no int32 wrap
-        return (x.astype(F32) * s.astype(F32)).astype(out, copy=False)
-    return dequantize(x, s, zp).astype(out, copy=False)
+        return (x.astype(F32) * s.astype(F32)).astype(dtype, copy=False)
+    if dtype != F32:
+        return dequantize(x, s, zp).astype(dtype, copy=False)
+    res = out if out is not None else np.empty(x.shape, F32)
+    np.subtract(x, zp, out=res, casting="unsafe")  # exact: small integers, computed in chunks
+    np.multiply(res, s.astype(F32, copy=False), out=res)
+    return res
 
 
 # -------------------------------------------------------------------------------- fake quantization (QAT)
