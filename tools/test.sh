@@ -12,15 +12,16 @@ PY=${PYTHON:-python3}
 # locally; elsewhere an unpinned or unavailable torch would pull gigabytes of CUDA packages, so it is only
 # installed when the local wheel is there (or EDGETRAIN_TORCH=1 asks for it), and its tests skip otherwise.
 # torchvision, transformers and onnxscript (the dynamo exporter) make the real exports of
-# tests/test_real_exports.py; torch is pinned in the same command so that resolving them cannot upgrade it.
+# tests/test_real_exports.py, peft the LoRA reference of tests/test_lora_peft.py; torch is pinned in the same
+# command so that resolving them cannot upgrade it.
 # (importlib.util.find_spec: importing transformers would import torchvision, which needs the workaround in
 # tests/exports.py.)
 if ! .venv/bin/python -c "import importlib.util as u, sys; \
-    sys.exit(any(u.find_spec(m) is None for m in ('torch', 'torchvision', 'transformers', 'onnxscript')))" \
+    sys.exit(any(u.find_spec(m) is None for m in ('torch', 'torchvision', 'transformers', 'onnxscript', 'peft')))" \
     2>/dev/null; then
   if ls /opt/wheels/torch-2.13.0*.whl >/dev/null 2>&1 || [ "${EDGETRAIN_TORCH:-0}" = 1 ]; then
     .venv/bin/python -m pip install -q "torch==2.13.0" "torchvision==0.28.0" "transformers==4.57.6" \
-      "onnxscript==0.7.2"
+      "onnxscript==0.7.2" "peft==0.17.1"
   else
     echo "tools/test.sh: no local torch 2.13.0 wheel: the PyTorch comparison tests will be skipped" >&2
   fi

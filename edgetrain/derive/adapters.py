@@ -26,7 +26,7 @@ from edgetrain.core.errors import ConfigError, UnsupportedError
 from edgetrain.core.ir import Graph, Node, TensorInfo
 from edgetrain.graph.adapters import LoraModule
 
-from .params import PARAMETER, Role, Roles, _matches
+from .params import PARAMETER, Role, Roles, _generated, _matches
 
 F32 = np.float32
 LINEAR = ("MatMul", "Gemm")
@@ -91,8 +91,13 @@ class LoRA(IAdapter):
         entries = dict(roles.entries)
         rng = np.random.default_rng(self.seed)
         modules = []  # inserted from the last node back, so that the indices of those before stay valid
+        readers = _readers(graph)
         for weight, k, fan_in, fan_out, transposed in sorted(chosen, key=lambda site: -site[1]):
-            m = _insert_one(g, g.nodes[k], weight, (fan_in, fan_out, transposed), self, rng)
+            shared = _shared(graph.nodes[k], weight, readers)
+            stem = _layer_name(weight, roles.entries[weight], g.nodes[k].name, graph.scopes, shared)
+            m = _insert_one(g, g.nodes[k], (weight, stem), (fan_in, fan_out, transposed), self, rng)
+            if shared:  # the merged export gives this layer its own merged weight: the others read W as it is
+                m.own = _fresh(g, f"{stem}.weight")
             modules.append(m)
             node = g.producers()[m.base_output]
             for name, what in ((m.A, "A"), (m.B, "B")):
@@ -110,7 +115,7 @@ class LoRA(IAdapter):
         n = sum(g.initializers[m.A].size + g.initializers[m.B].size for m in modules)
         notes = [
             f"LoRA (rank {self.rank}, alpha {self.alpha:g}) on {len(modules)} layer(s): {n:,} adapter values train, "
-            f"the base stays frozen; e.g. {', '.join(repr(m.weight) for m in modules[:3])}"
+            f"the base stays frozen; e.g. {', '.join(repr(_stem(m.A, '.lora_A')) for m in modules[:3])}"
             + (" ..." if len(modules) > 3 else "")
         ]
         return g, Roles(entries), modules, notes
@@ -143,8 +148,53 @@ def _sites(graph: Graph, roles: Roles) -> list[tuple[str, int, int, int, bool]]:
     return out
 
 
-def _stem(weight: str) -> str:
-    return weight[: -len(".weight")] if weight.endswith(".weight") else weight
+def _stem(name: str, suffix: str = ".weight") -> str:
+    return name[: -len(suffix)] if name.endswith(suffix) else name
+
+
+def _readers(graph: Graph) -> dict[str, int]:
+    """How many nodes read each value (graph outputs count as readers)."""
+    count: dict[str, int] = {}
+    for name in [i for n in graph.nodes for i in set(n.inputs)] + list(graph.outputs):
+        count[name] = count.get(name, 0) + 1
+    return count
+
+
+def _shared(node: Node, weight: str, readers: dict[str, int]) -> bool:
+    """Whether something else than this layer reads its weight (or the Transpose it reads the weight through): a tied
+    weight, GPT-2's head that is its token table. Folding an adapter into it would change those readers too."""
+    return readers.get(weight, 0) > 1 or (node.inputs[1] != weight and readers.get(node.inputs[1], 0) > 1)
+
+
+def _layer_name(weight: str, role: Role, node: str, scopes: dict[str, str], shared: bool = False) -> str:
+    """What a layer's adapters are named after ('<layer>.lora_A'): its weight's name minus '.weight' (its author's,
+    from a parameter manifest, first); where the exporter made that name up (onnx::MatMul_336, val_58), or the
+    weight is another layer's too (a tied head reads the token table), the module path recovered from the node's
+    recorded scope (dynamo) or name (TorchScript); else the weight's name as it is."""
+    names = [_stem(n) for n in (role.author, weight) if n and not _generated(n)]
+    paths = [p for p in (_module_path(scopes.get(node, "")), _module_path(node)) if p]
+    found = paths + names if shared else names + paths
+    return found[0] if found else _stem(weight)
+
+
+def _module_path(scope: str) -> str:
+    """The module path of a node from its scope, '' when it has none. TorchScript names a node by the attribute names
+    down to it, a Sequential's or ModuleList's child by its name in the parent ('/bert/encoder/layer.0/attention/self/
+    query/MatMul', '/body/seq/seq.1/seq.1.0/Gemm'); dynamo records the full path of every module on the way
+    ('/body/body.seq/body.seq.1/linear'). Either way the last part is the op, and a part that extends the one
+    before it replaces it."""
+    if not scope.startswith("/"):
+        return ""
+    parts: list[str] = []
+    for part in scope.split("/")[1:-1]:
+        if not part:
+            continue
+        if parts and part.startswith(parts[-1] + "."):
+            parts[-1] = part
+        else:
+            parts.append(part)
+    path = ".".join(parts)
+    return path if path and all(p.replace("_", "").replace(".", "").isalnum() for p in parts) else ""
 
 
 def _fresh(g: Graph, name: str) -> str:
@@ -157,11 +207,11 @@ def _fresh(g: Graph, name: str) -> str:
 
 
 def _insert_one(
-    g: Graph, node: Node, weight: str, site: tuple[int, int, bool], lora: LoRA, rng
+    g: Graph, node: Node, names: tuple[str, str], site: tuple[int, int, bool], lora: LoRA, rng
 ) -> LoraModule:
-    """y = op(x, W) -> y_base = op(x, W); y = y_base + s (x A) B, in place on g."""
+    """y = op(x, W) -> y_base = op(x, W); y = y_base + s (x A) B, in place on g. names: (W, the layer's name)."""
     fan_in, fan_out, transposed = site
-    stem = _stem(weight)
+    weight, stem = names
     a, b = _fresh(g, f"{stem}.lora_A"), _fresh(g, f"{stem}.lora_B")
     bound = 1.0 / math.sqrt(fan_in)  # kaiming_uniform_(a=sqrt(5)) on PEFT's [rank, in] lora_A
     g.initializers[a] = np.ascontiguousarray(rng.uniform(-bound, bound, (lora.rank, fan_in)).astype(F32).T)

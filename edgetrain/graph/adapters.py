@@ -8,7 +8,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from edgetrain.core.ir import Graph
+from edgetrain.core.errors import ModelError
+from edgetrain.core.ir import Graph, Node
 
 F32 = np.float32
 
@@ -27,17 +28,25 @@ class LoraModule:
     nodes: list[str]  # the inserted nodes' names
     # how A B lands on the weight for a merge: "same" (W is the [in, out] operand), "transposed" (W^T is)
     merge: str
+    # where other nodes read the base weight too (a tied weight: GPT-2's head is its token table), the name of the
+    # merged weight this layer alone reads in the merged export, so that the others still read W; else ""
+    own: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> LoraModule:
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__})
+        """The record to_dict wrote (without 'own' for artifacts made before it was recorded)."""
+        m = cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d or k != "own"})
+        if not isinstance(m.own, str):
+            raise ValueError(f"'own' must be a tensor name, not {m.own!r}")
+        return m
 
 
 def unadapted(graph: Graph, modules: Sequence[LoraModule]) -> Graph:
-    """graph without its adapters: each adapted op writes its output again, the adapter nodes and tensors go."""
+    """graph without its adapters: each adapted op writes its output again, the adapter nodes and tensors go. A layer
+    whose base weight other nodes read too reads its own merged weight (module.own) instead (see _read_own)."""
     drop = {name for m in modules for name in m.nodes}
     back = {m.base_output: m.output for m in modules}
     nodes = []
@@ -47,6 +56,9 @@ def unadapted(graph: Graph, modules: Sequence[LoraModule]) -> Graph:
         if any(o in back for o in n.outputs):
             n = n.replace(outputs=tuple(back.get(o, o) for o in n.outputs))
         nodes.append(n)
+    for m in modules:
+        if m.own:
+            _read_own(nodes, m, graph)
     gone = {t for m in modules for t in (m.A, m.B, m.base_output)}
     used = {i for n in nodes for i in n.inputs}
     inits = {
@@ -56,13 +68,42 @@ def unadapted(graph: Graph, modules: Sequence[LoraModule]) -> Graph:
     return graph.copy(nodes=nodes, initializers=inits, values=values)
 
 
+def _read_own(nodes: list[Node], m: LoraModule, graph: Graph) -> None:
+    """The adapted node reads m.own (in W's layout) where it read W, directly or through a Transpose; in place.
+    A Transpose that only this node reads is rewired, another one is added."""
+    at = next((k for k, n in enumerate(nodes) if n.name == m.node), None)
+    node = None if at is None else nodes[at]
+    operand = None if node is None or len(node.inputs) < 2 else node.inputs[1]
+    if operand == m.weight:
+        nodes[at] = node.replace(inputs=(node.inputs[0], m.own, *node.inputs[2:]))
+        return
+    k, t = next(((k, n) for k, n in enumerate(nodes) if operand in n.outputs), (None, None))
+    if t is None or t.op_type != "Transpose" or t.inputs[0] != m.weight:
+        raise ModelError(
+            f"the merged export cannot give '{m.node}' its own merged weight: the graph has no such node reading "
+            f"'{m.weight}' (directly or through a Transpose); export with adapters='serving'"
+        )
+    if sum(operand in n.inputs for n in nodes) == 1:
+        nodes[k] = t.replace(inputs=(m.own,))
+        return
+    used = {o for n in nodes for o in n.outputs} | set(graph.initializers) | set(graph.inputs)
+    out, j = f"{m.own}_transposed", 0
+    while out in used:
+        j += 1
+        out = f"{m.own}_transposed_{j}"
+    nodes.insert(at, Node("Transpose", (m.own,), (out,), dict(t.attrs), f"{m.node}/merged_weight"))
+    nodes[at + 1] = node.replace(inputs=(node.inputs[0], out, *node.inputs[2:]))
+
+
 def merged_weights(
     modules: Sequence[LoraModule], base: dict[str, np.ndarray], values: dict[str, np.ndarray]
 ) -> dict[str, np.ndarray]:
-    """Each adapted weight with its adapter folded in: W + scale A B (transposed where the weight is)."""
+    """Each adapted weight with its adapter folded in: W + scale A B (transposed where the weight is), under the
+    layer's own name where other nodes read W too. W is its trained value when it trains beside the adapters."""
     out = {}
     for m in modules:
         delta = (values[m.A].astype(np.float64) @ values[m.B].astype(np.float64)) * m.scale
-        w = out.get(m.weight, base[m.weight]).astype(np.float64)
-        out[m.weight] = (w + (delta.T if m.merge == "transposed" else delta)).astype(F32)
+        name = m.own or m.weight
+        w = out.get(name, values.get(m.weight, base[m.weight])).astype(np.float64)
+        out[name] = (w + (delta.T if m.merge == "transposed" else delta)).astype(F32)
     return out
