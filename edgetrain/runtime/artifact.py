@@ -44,7 +44,8 @@ class LoadedArtifact:
     tensors: dict[str, np.ndarray]
     batch_plan: BatchPlan | None = None
     fused: dict[str, Any] | None = None  # {"program": Graph, "plan": MemoryPlan, "gradients", "state_roles"}
-    # an int8 model's: {"form": str, "weights": [QuantWeight], "model": the int8 Graph the export writes again}
+    # an int8 model's: {"form": str, "weights": [QuantWeight], "constants": {name: array}, "model": () -> the int8
+    # Graph the export writes again (read on first use)}
     quantized: dict[str, Any] | None = None
     # LoRA adapters inserted at convert: {"config": dict, "modules": [edgetrain.graph.adapters.LoraModule]}
     adapters: dict[str, Any] | None = None
@@ -185,7 +186,10 @@ def _quantized(path: str, q: Any, graph, io: dict, tensors: dict[str, np.ndarray
 
     if not isinstance(q, dict) or any(k not in q for k in ("form", "weights", "model", "constants")):
         raise _bad(path, "its int8 export lacks 'form', 'weights', 'constants' or 'model'")
-    model = graph(q["model"], "int8 model")
+    model_dict = q["model"]
+    inits = model_dict.get("initializers") if isinstance(model_dict, dict) else None
+    if not isinstance(inits, list):
+        raise _bad(path, "its int8 model lists no initializers")
     names = q["constants"] if isinstance(q["constants"], list) else [None]
     if any(not isinstance(n, str) or n not in tensors for n in names):
         raise _bad(path, "its int8 export names a scale or zero point that is not in the file")
@@ -197,15 +201,20 @@ def _quantized(path: str, q: Any, graph, io: dict, tensors: dict[str, np.ndarray
         except (TypeError, AttributeError) as e:
             raise _bad(path, f"its int8 export lists a malformed weight ({e})") from None
         needed = [w.scale] + ([w.zero_point] if w.kind == "weight" else []) + list(w.scale_from)
-        if (
-            w.name not in io["parameters"]
-            or w.source not in model.initializers
-            or any(c not in consts for c in needed)
-        ):
+        if w.name not in io["parameters"] or w.source not in inits or any(c not in consts for c in needed):
             raise _bad(
                 path, f"its int8 export's weight '{w.name}' names a tensor that is not in the artifact"
             )
         weights.append(w)
+    built: list[Graph] = []
+
+    def model() -> Graph:
+        """The int8 model, read and checked when first asked for (export, run): a phone that trains and never
+        exports keeps no second graph."""
+        if not built:
+            built.append(graph(model_dict, "int8 model"))
+        return built[0]
+
     return {"form": str(q["form"]), "weights": weights, "model": model, "constants": consts}
 
 

@@ -458,7 +458,7 @@ class TrainingSession:
         batch plan that conversion found and checked; without one, it runs at its own batch only."""
         base, plan = self.artifact.base, self.artifact.batch_plan
         if self._int8_runs():
-            base = self.artifact.quantized["model"]
+            base = self.artifact.quantized["model"]()
         found = fixed_batch(base)
         if found is None:
             return base
@@ -690,7 +690,7 @@ class TrainingSession:
         if float_model:
             return qat.dequantized(self.artifact.base), params
         ints = qat.requantize(q["weights"], params, q["constants"], rederive=requantize)
-        return q["model"], ints
+        return q["model"](), ints
 
     # ---- feeds -------------------------------------------------------------------------------------------------
     def _classes(self) -> int | None:
