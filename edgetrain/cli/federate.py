@@ -2,8 +2,9 @@
 supernodes, each a device with its own share of the data and its own home), or with --simulate K simulated devices
 on Flower's simulation engine (each drawing its own non-IID samples of the data), FedAvg rounds with optional
 personal layers and central differential privacy, then DIR/summary.json, DIR/global.etck, DIR/global.onnx and
-DIR/accuracy.png; a line per round while it runs, a readable summary at the end (a simulation's with its speed and
-peak memory); every process stopped after. (The command's arguments are in edgetrain.cli.parser.)"""
+DIR/accuracy.png; a line per round while it runs (with the bytes each client sent and received against the full
+model's), a readable summary at the end (a simulation's with its speed and peak memory); every process stopped
+after. --adapters-only shares a LoRA artifact's adapters alone. (The arguments are in edgetrain.cli.parser.)"""
 
 from __future__ import annotations
 
@@ -18,10 +19,10 @@ import numpy as np
 
 from edgetrain.core.container import atomic_write
 from edgetrain.core.errors import EdgeTrainError, UsageError
-from edgetrain.federated.common import partition
+from edgetrain.federated.common import model_bytes, no_adapters, partition
 from edgetrain.federated.deploy import APP_DIR, Deployment
 from edgetrain.runtime.feeding import DataOptions, open_feed
-from edgetrain.runtime.progress import duration, percent
+from edgetrain.runtime.progress import duration, mb, percent
 from edgetrain.runtime.trainer import session_batch
 
 from .common import open_session
@@ -122,10 +123,35 @@ def _clients(args: argparse.Namespace, sess, out: str) -> list[dict[str, Any]]:
 def run_federate(args: argparse.Namespace) -> int:
     _check(args)
     sess = open_session(args.artifact)
+    if getattr(args, "adapters_only", False) and not sess.artifact.adapters:
+        raise UsageError(no_adapters(args.artifact))
     out = os.path.abspath(args.out)
     if os.path.exists(os.path.join(out, "summary.json")):
         raise UsageError(f"{out} holds the results of an earlier federation: pick a new --out folder")
     os.makedirs(out, exist_ok=True)
+    run_config = run_config_of(args, out)
+    t0 = time.perf_counter()
+    progress = _Progress(out, args.rounds, model_bytes(sess))
+    if args.simulate:
+        speed = _simulate(args, sess, out, run_config, progress)
+    else:
+        _deploy(args, sess, out, run_config, progress)
+        speed = None
+    progress.flush()
+    seconds = time.perf_counter() - t0
+    summary = json.load(open(os.path.join(out, "summary.json"), encoding="utf-8"))
+    if speed is not None:  # the server app wrote the rest; the speed and memory are the launcher's to measure
+        summary["simulation"] = {**speed, **_speed(summary, seconds)}
+        atomic_write(
+            os.path.join(out, "summary.json"), json.dumps(summary, indent=2, allow_nan=False).encode()
+        )
+    png = _plot(summary, out)
+    _print_summary(summary, out, png, seconds)
+    return 0
+
+
+def run_config_of(args: argparse.Namespace, out: str) -> dict[str, Any]:
+    """The server's run config (the app's pyproject.toml declares every key) from the command's arguments."""
     run_config = {
         "artifact": os.path.abspath(args.artifact),
         "rounds": args.rounds,
@@ -133,6 +159,7 @@ def run_federate(args: argparse.Namespace) -> int:
         "local-steps": args.local_steps or 0,
         "lr": float(args.lr or 0.0),
         "personal": ",".join(args.personal or []),
+        "adapters-only": bool(getattr(args, "adapters_only", False)),
         "dp-noise": float(args.dp_noise or 0.0),
         "dp-clip": float(args.dp_clip or 0.0),
         "val-data": os.path.abspath(args.val_data) if args.val_data else "",
@@ -157,24 +184,7 @@ def run_federate(args: argparse.Namespace) -> int:
             "local-dp-delta": float(args.local_dp_delta),
         }
     )
-    t0 = time.perf_counter()
-    progress = _Progress(out, args.rounds)
-    if args.simulate:
-        speed = _simulate(args, sess, out, run_config, progress)
-    else:
-        _deploy(args, sess, out, run_config, progress)
-        speed = None
-    progress.flush()
-    seconds = time.perf_counter() - t0
-    summary = json.load(open(os.path.join(out, "summary.json"), encoding="utf-8"))
-    if speed is not None:  # the server app wrote the rest; the speed and memory are the launcher's to measure
-        summary["simulation"] = {**speed, **_speed(summary, seconds)}
-        atomic_write(
-            os.path.join(out, "summary.json"), json.dumps(summary, indent=2, allow_nan=False).encode()
-        )
-    png = _plot(summary, out)
-    _print_summary(summary, out, png, seconds)
-    return 0
+    return run_config
 
 
 def _deploy(args: argparse.Namespace, sess, out: str, run_config: dict[str, Any], progress) -> None:
@@ -280,8 +290,9 @@ def _samples(path: str):
 class _Progress:
     """Prints a line per round as the server app reports it (progress.jsonl), while `flwr run` streams."""
 
-    def __init__(self, out: str, rounds: int):
+    def __init__(self, out: str, rounds: int, model: int = 0):
         self.path, self.rounds, self.seen = os.path.join(out, "progress.jsonl"), rounds, 0
+        self.model = model  # the full model's weights, in bytes: each round's payload is said against it
 
     def __call__(self, line: str) -> None:
         if "refused a reply" in line or "skipped, the global model stays" in line:
@@ -308,10 +319,23 @@ class _Progress:
                     door = f"; {r.get('accepted', 0)} of {r.get('replies', 0)} replies accepted"
                     door += ", round skipped" if r.get("skipped") else ""
                 print(
-                    f"round {r['round']}/{self.rounds}: {what} ({duration(r['seconds'])}{door})",
+                    f"round {r['round']}/{self.rounds}: {what} ({duration(r['seconds'])}{door}"
+                    f"{payload_text(r.get('payload_bytes'), self.model)})",
                     file=sys.stderr,
                 )
         self.seen = len(lines)
+
+
+def payload_text(p: dict | None, model: int) -> str:
+    """A round's payload, said per client against the full model: '; 12.8 KiB sent, 12.8 KiB received per
+    client (5.3% of the model's 241.0 KiB)'; "" when the round recorded none."""
+    if not p:
+        return ""
+    text = f"; {mb(p['per_client_sent'])} sent, {mb(p['per_client_received'])} received per client"
+    if model:
+        share = 100 * max(p["per_client_sent"], p["per_client_received"]) / model
+        text += f" ({share:.1f}% of the model's {mb(model)})"
+    return text
 
 
 # Clients: one color and one marker each (up to this many; more share one grey label), drawn above the global line
@@ -460,6 +484,7 @@ def _print_summary(s: dict, out: str, png: str | None, seconds: float) -> None:
         print(
             f"  personal    {len(s['personal'])} parameters stayed on the devices: {', '.join(s['personal'][:6])}"
         )
+    _print_payload(s)
     if s.get("privacy"):
         p = s["privacy"]
         print(
@@ -499,6 +524,28 @@ def _print_summary(s: dict, out: str, png: str | None, seconds: float) -> None:
         f"  summary     {_shown(os.path.join(out, 'summary.json'))}"
         + (f"; plot {_shown(png)}" if png else "")
     )
+
+
+def _print_payload(s: dict) -> None:
+    """What crossed the network a round, per client, against the full model; with adapters, which and where the
+    global ones are."""
+    p, model = s.get("payload_bytes"), s.get("model_bytes")
+    if p and model:
+        rounds = len(s.get("rounds", []))
+        what = "the LoRA adapters" if s.get("adapters_only") else "the shared parameters"
+        print(
+            f"  payload     {mb(p['per_client_sent'])} sent and {mb(p['per_client_received'])} received per client "
+            f"a round ({what}: {100 * p['share_of_model']:.1f}% of the full model's {mb(model)}); "
+            f"{mb(p['total'])} in all over {rounds} round{'s' * (rounds != 1)}"
+        )
+    a = s.get("adapters")
+    if a:
+        where = f"; global adapters {_shown(s['global_adapters'])}" if s.get("global_adapters") else ""
+        only = "only they crossed the network, the base model never did" if s.get("adapters_only") else ""
+        print(
+            f"  adapters    LoRA rank {a['rank']} (alpha {a['alpha']:g}) on {len(a['layers'])} layer(s), "
+            f"{mb(a['bytes'])}{'; ' + only if only else ''}{where}"
+        )
 
 
 def _print_speed(sim: dict) -> None:

@@ -447,6 +447,12 @@ def _add_federate(sub, common: argparse.ArgumentParser) -> None:
         metavar="PATTERN",
         help="personal parameters (names or node-name patterns, e.g. 'fc3.*'): never sent, kept on each device",
     )
+    p.add_argument(
+        "--adapters-only",
+        action="store_true",
+        help="a LoRA artifact (convert --lora-rank R): only its adapters cross the network and are averaged; "
+        "anything else it trains (a head, --trainable) stays on each device as a personal layer",
+    )
     p.add_argument("--dp-noise", type=float, help="central differential privacy: the noise multiplier")
     p.add_argument("--dp-clip", type=float, help="... and the clipping norm of each client's update")
     _federate_fleet_options(p)

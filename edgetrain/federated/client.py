@@ -4,9 +4,12 @@ metrics). Device side plus flwr: numpy, loaders, edgetrain's runtime; no onnx.
 Each round the device loads its artifact and its own checkpoint (its personal layers and optimizer state survive
 rounds there), takes the shared parameters the server sent, judges them on the part of its own data it holds out,
 trains locally for the epochs or steps asked, judges again, saves its checkpoint, and sends back only the shared
-parameters. What left the device is recorded in its home (sent.jsonl: round, names, samples; last_sent.npz: the
-arrays), so a person can audit it. A device whose artifact is not the server's, or that receives parameters its
-artifact does not have, refuses the round with an error reply, which the server counts and leaves out.
+parameters. What left the device is recorded in its home (sent.jsonl: round, names, samples, bytes sent and
+received; last_sent.npz: the arrays), so a person can audit it. With the run's adapters-only, the shared parameters
+are the LoRA adapters alone (common.shared_and_personal): a head trained beside them stays here, like a personal
+layer; a device whose artifact has adapters also keeps its own after each round in adapters.etad. A device whose
+artifact is not the server's, or that receives parameters its artifact does not have, refuses the round with an
+error reply, which the server counts and leaves out.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from edgetrain.runtime.feeding import DataOptions, open_feed
 from edgetrain.runtime.trainer import evaluate, session_batch
 from loaders import DataError, DataLoader, SubsetView, split
 
-from .common import CHECK_KEY, RUN_DEFAULTS, from_records, patterns, personal_names, readers_of, to_records
+from .common import CHECK_KEY, RUN_DEFAULTS, from_records, shared_and_personal, tensor_bytes, to_records
 from .privacy import CLIENT_MODS
 from .simulation import shard
 
@@ -103,8 +106,8 @@ def run_round(content: RecordDict, node: dict[str, Any]) -> RecordDict:
     own = os.path.join(home, "client.etck")
     if os.path.exists(own):  # personal layers and optimizer state from the rounds before
         sess.load_checkpoint(own)
-    personal = set(personal_names(sess.parameter_names, patterns(cfg.get("personal", "")), readers_of(sess)))
-    shared = [n for n in sess.parameter_names if n not in personal]
+    adapters_only = bool(cfg.get("adapters-only", False))
+    shared, personal = shared_and_personal(sess, str(cfg.get("personal", "")), adapters_only)
     received = from_records(content["arrays"])
     _check(received, shared, sess)
     sess.set_parameters(received)
@@ -129,9 +132,11 @@ def run_round(content: RecordDict, node: dict[str, Any]) -> RecordDict:
         raise RoundRefused(f"local training diverged ({e}); nothing of it is sent") from e
     after = evaluate(sess, val, classification=classification)
     sess.save_checkpoint(own, user_state={"round": rnd, "partition_id": pid})
+    if sess.artifact.adapters:  # its own adapters, as it would serve them (load_adapters reads them)
+        sess.export_adapters(os.path.join(home, "adapters.etad"))
     params = sess.parameters()
     sent = {n: params[n] for n in shared}
-    _audit(home, rnd, sent, train_view.size())
+    _audit(home, rnd, sent, train_view.size(), tensor_bytes(received))
     metrics = {
         "num-examples": int(train_view.size()),
         "client": pid,
@@ -192,10 +197,13 @@ def _data(sess: TrainingSession, node: dict[str, Any], pid: int):
     return train_view, val_view, feed.transform
 
 
-def _audit(home: str, rnd: int, sent: dict[str, np.ndarray], n: int) -> None:
-    """What left the device: the names and sample count, one JSON line a round, and the last arrays themselves."""
+def _audit(home: str, rnd: int, sent: dict[str, np.ndarray], n: int, received: int) -> None:
+    """What left the device: the names, sample count and bytes (the arrays' values, sent and received), one JSON
+    line a round, and the last arrays themselves."""
+    line = {"round": rnd, "names": sorted(sent), "num_examples": n}
+    line.update(bytes_sent=tensor_bytes(sent), bytes_received=received)
     with open(os.path.join(home, "sent.jsonl"), "a", encoding="utf-8") as f:
-        f.write(json.dumps({"round": rnd, "names": sorted(sent), "num_examples": n}) + "\n")
+        f.write(json.dumps(line) + "\n")
     tmp = os.path.join(home, ".last_sent.npz")
     with open(tmp, "wb") as f:
         np.savez(f, **{k.replace("/", "|"): v for k, v in sent.items()})

@@ -8,6 +8,9 @@ Run config (the server's, from `flwr run --run-config`; declared in the app's py
     local-steps     steps of local training per round (0: use local-epochs)
     lr              the clients' learning rate (0: the artifact's)
     personal        comma-separated patterns of personal parameters (FedPer): never sent, kept on each device
+    adapters-only   only the LoRA adapters (each adapted layer's A and B) cross the network; every other trainable
+                    parameter (a head trained beside the adapters) is personal: trained and kept on each device
+                    (shared_and_personal). The artifact must have adapters (edgetrain convert --lora-rank R)
     dp-noise        central differential privacy: noise multiplier (0: off)
     dp-clip         ... and clipping norm of the clients' updates
     val-data        server-side validation data for the global model ("" : none)
@@ -54,6 +57,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 
 from edgetrain.core.errors import ConfigError
+from edgetrain.graph.adapters import unadapted
 from loaders import IDataView
 
 RUN_DEFAULTS = {
@@ -63,6 +67,7 @@ RUN_DEFAULTS = {
     "local-steps": 0,
     "lr": 0.0,
     "personal": "",
+    "adapters-only": False,
     "dp-noise": 0.0,
     "dp-clip": 0.0,
     "val-data": "",
@@ -122,6 +127,52 @@ def personal_names(
             for p in pats
         )
     ]
+
+
+def adapter_names(session) -> list[str]:
+    """The LoRA adapters of a session's artifact (each adapted layer's A and B), in its parameter order; [] for an
+    artifact without adapters."""
+    a = session.artifact.adapters
+    names = {p for m in (a or {}).get("modules", []) for p in (m.A, m.B)}
+    return [n for n in session.parameter_names if n in names]
+
+
+def no_adapters(artifact: str) -> str:
+    """Why --adapters-only cannot federate this artifact, and what would."""
+    return (
+        f"--adapters-only shares a model's LoRA adapters alone, and '{artifact}' has none: convert the model with "
+        "adapters (edgetrain convert MODEL --lora-rank R, e.g. --lora-rank 4) and federate that artifact"
+    )
+
+
+def shared_and_personal(session, personal: str, adapters_only: bool = False) -> tuple[list[str], list[str]]:
+    """(shared, personal) parameters, each in the artifact's order: the shared ones cross the network every round,
+    the personal ones never leave a device (each trains its own and keeps it in its checkpoint). Personal: those
+    the comma-separated patterns select (by name or by a node that reads them); with adapters_only also every
+    trainable parameter that is not a LoRA adapter (a head trained beside the adapters), so that only adapters
+    are shared. ConfigError for adapters_only on an artifact without adapters."""
+    names = session.parameter_names
+    chosen = set(personal_names(names, patterns(personal), readers_of(session)))
+    if adapters_only:
+        adapters = adapter_names(session)
+        if not adapters:
+            raise ConfigError(no_adapters(str(session.artifact.path)))
+        chosen |= set(names) - set(adapters)
+    return [n for n in names if n not in chosen], [n for n in names if n in chosen]
+
+
+def tensor_bytes(arrays: Mapping[str, np.ndarray]) -> int:
+    """The bytes the arrays' values take: a message's payload (Flower adds a small header per array)."""
+    return int(sum(np.asarray(v).nbytes for v in arrays.values()))
+
+
+def model_bytes(session) -> int:
+    """The bytes of the full model's weights: every initializer of the inference graph, without LoRA adapters
+    (and their scales): what one client would send, and receive, each round if the whole model were federated."""
+    graph = session.artifact.base
+    if session.artifact.adapters:
+        graph = unadapted(graph, session.artifact.adapters["modules"])
+    return tensor_bytes(graph.initializers)
 
 
 def readers_of(session) -> dict[str, list[str]]:

@@ -214,13 +214,13 @@ class _PrivateFedAvg(LegacyFedAvg):
         self.latest: dict[str, np.ndarray] | None = None
 
     def configure_fit(self, server_round, parameters, client_manager):
-        self.door.sent(to_records(dict(zip(self.names, parameters_to_ndarrays(parameters)))))
         chosen = super().configure_fit(server_round, parameters, client_manager)
+        self.door.sent(to_records(dict(zip(self.names, parameters_to_ndarrays(parameters)))), len(chosen))
         self.sampled = [getattr(proxy, "node_id", -1) for proxy, _ in chosen]
         return chosen
 
     def aggregate_fit(self, server_round, results, failures):
-        door, kept = self.door, []
+        door, kept, sizes = self.door, [], []
         answered = {getattr(proxy, "node_id", -1) for proxy, _ in results}
         said = sorted({_failure_text(f) for f in failures})
         for node in [n for n in getattr(self, "sampled", []) if n not in answered]:
@@ -253,7 +253,13 @@ class _PrivateFedAvg(LegacyFedAvg):
                 continue
             door._record(server_round, metrics, list(self.names))
             kept.append((proxy, res))
+            # the reply's parameters; under SecAgg+ the server holds only the round's sum, so a reply counts as the
+            # shared parameters' bytes (SecAgg+'s masked, quantized vectors and key exchanges are not counted)
+            sizes.append(
+                door._down if self.secure else sum(a.nbytes for a in parameters_to_ndarrays(res.parameters))
+            )
         door.rounds[server_round] = _counts(max(len(results), len(getattr(self, "sampled", []))), len(kept))
+        door.record_payload(server_round, sizes)
         need, rule = door._needed(len(kept))
         if len(kept) < need:
             return door._skip(server_round, f"{len(kept)} accepted replies; {rule} needs {need}")

@@ -1,6 +1,10 @@
 """The Flower ServerApp: run config -> FedAvg over named arrays from a converted artifact's initial parameters ->
-the global model as a checkpoint (global.etck) and an ONNX inference model (global.onnx), progress.jsonl (a line a
-round, as it ends) and summary.json. Personal parameters are never in what the server sends or accepts.
+the global model as a checkpoint (global.etck) and an ONNX inference model (global.onnx; with LoRA adapters merged,
+and the global adapters alone as global.etad), progress.jsonl (a line a round, as it ends) and summary.json.
+Personal parameters are never in what the server sends or accepts. With adapters-only the shared parameters are the
+LoRA adapters alone: the frozen base is on every device already (the artifact) and never crosses the network, and
+a head trained beside the adapters stays on each device as a personal layer. Every round's payload (bytes per
+client, sent and received) is recorded against the full model's weights (model_bytes).
 
 Every reply goes through a door before aggregation (Door, a strategy wrapper): a client's error reply (it refused
 the round: another artifact, data it cannot use) and a reply whose names or shapes are not the shared parameters'
@@ -46,9 +50,9 @@ from .common import (
     METRIC_KEYS,
     RUN_DEFAULTS,
     from_records,
-    patterns,
-    personal_names,
-    readers_of,
+    model_bytes,
+    shared_and_personal,
+    tensor_bytes,
     to_records,
 )
 from .privacy import run_private, wants_legacy
@@ -93,14 +97,36 @@ class Door(Strategy):
         self._global: dict[str, np.ndarray] | None = (
             None  # what this round sent: updates are measured from it
         )
+        self.payload: dict[int, dict[str, Any]] = {}  # round -> the bytes it carried (record_payload)
+        self._down = self._down_serialized = self._fanout = 0  # what a round sends each client, to how many
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid):
         self.sent(arrays)
-        return self.inner.configure_train(server_round, arrays, config, grid)
+        messages = list(self.inner.configure_train(server_round, arrays, config, grid))
+        self._fanout = len(messages)
+        return messages
 
-    def sent(self, arrays: ArrayRecord) -> None:
-        """The global model this round sends: the replies' updates are measured from it."""
-        self._global = {k: np.asarray(v, np.float64) for k, v in from_records(arrays).items()}
+    def sent(self, arrays: ArrayRecord, fanout: int | None = None) -> None:
+        """The global model this round sends (to `fanout` clients): the replies' updates are measured from it, and
+        the round's payload."""
+        values = from_records(arrays)
+        self._global = {k: np.asarray(v, np.float64) for k, v in values.items()}
+        self._down, self._down_serialized = tensor_bytes(values), int(arrays.count_bytes())
+        if fanout is not None:
+            self._fanout = fanout
+
+    def record_payload(self, server_round: int, replies: list[int]) -> None:
+        """The round's bytes: per client, what it received (the shared parameters the round sent) and what it sent
+        (its reply's parameters: the largest of the accepted replies'; the door lets through only the shared
+        parameters' shapes, so they are all the same), the arrays' values (Flower's serialized record, with its
+        headers and names, as per_client_serialized), and the round's total both ways."""
+        self.payload[server_round] = {
+            "per_client_sent": max(replies, default=0),
+            "per_client_received": self._down,
+            "per_client_serialized": self._down_serialized,
+            "clients": self._fanout,
+            "total": self._down * self._fanout + sum(replies),
+        }
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid):
         return self.inner.configure_evaluate(server_round, arrays, config, grid)
@@ -112,7 +138,7 @@ class Door(Strategy):
         self.inner.summary()
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
-        kept, seen = [], 0
+        kept, seen, sizes = [], 0, []
         for msg in replies:
             seen += 1
             node = msg.metadata.src_node_id
@@ -131,7 +157,9 @@ class Door(Strategy):
                 continue
             self._record(server_round, metrics, sorted(record.keys()))
             kept.append(msg)
+            sizes.append(tensor_bytes(from_records(record)))
         self.rounds[server_round] = {"replies": seen, "accepted": len(kept), "refused": seen - len(kept)}
+        self.record_payload(server_round, sizes)
         need, rule = self._needed(len(kept))
         if len(kept) < need:
             return self._skip(
@@ -282,11 +310,13 @@ def run(grid: Grid, cfg: dict[str, Any], context: Context | None = None) -> dict
     os.makedirs(out, exist_ok=True)
     sess = TrainingSession(str(cfg["artifact"]))
     params = sess.parameters()
-    personal = personal_names(sess.parameter_names, patterns(cfg["personal"]), readers_of(sess))
-    shared = {n: params[n] for n in sess.parameter_names if n not in personal}
+    adapters_only = bool(cfg.get("adapters-only", False))
+    names, personal = shared_and_personal(sess, str(cfg["personal"]), adapters_only)
+    shared = {n: params[n] for n in names}
     if not shared:
         raise ConfigError(
-            f"every parameter matches the personal patterns {cfg['personal']!r}: nothing to share"
+            f"every {'adapter' if adapters_only else 'parameter'} matches the personal patterns "
+            f"{cfg['personal']!r}: nothing to share"
         )
     door, privacy = _door(cfg, shared)
     train_config = ConfigRecord(
@@ -295,6 +325,7 @@ def run(grid: Grid, cfg: dict[str, Any], context: Context | None = None) -> dict
             "local-steps": int(cfg["local-steps"]),
             "lr": float(cfg["lr"]),
             "personal": str(cfg["personal"]),
+            "adapters-only": adapters_only,
             CHECK_KEY: sess.artifact.program_id,
         }
     )
@@ -336,8 +367,44 @@ def run(grid: Grid, cfg: dict[str, Any], context: Context | None = None) -> dict
         **private,
         "global_checkpoint": os.path.join(out, "global.etck"),
         "global_onnx": exported,
+        **_payload_summary(sess, door, shared, adapters_only, out),
     }
     atomic_write(os.path.join(out, "summary.json"), json.dumps(summary, indent=2, allow_nan=False).encode())
+    return summary
+
+
+def _payload_summary(
+    sess: TrainingSession, door: Door, shared: dict[str, np.ndarray], adapters_only: bool, out: str
+) -> dict[str, Any]:
+    """What crossed the network against the full model (summary.json's adapters_only, model_bytes, payload_bytes,
+    adapters, global_adapters); writes the global adapters (global.etad) of an artifact with adapters."""
+    rounds = [door.payload[r] for r in sorted(door.payload)]
+    model, each = model_bytes(sess), tensor_bytes(shared)
+    summary: dict[str, Any] = {
+        "adapters_only": adapters_only,
+        "model_bytes": model,
+        "payload_bytes": {
+            "per_client_sent": max((r["per_client_sent"] for r in rounds), default=0),
+            "per_client_received": max((r["per_client_received"] for r in rounds), default=0),
+            "shared_parameters": each,
+            "share_of_model": round(each / model, 6) if model else None,
+            "total": sum(r["total"] for r in rounds),
+        },
+        "adapters": None,
+        "global_adapters": None,
+    }
+    a = sess.artifact.adapters
+    if a:
+        names = {p for m in a["modules"] for p in (m.A, m.B)}
+        summary["adapters"] = {
+            "rank": a["config"].get("rank"),
+            "alpha": a["config"].get("alpha"),
+            "layers": [m.weight for m in a["modules"]],
+            "bytes": tensor_bytes({n: v for n, v in sess.parameters().items() if n in names}),
+            "trained_beside": [n for n in sess.parameter_names if n not in names],
+        }
+        summary["global_adapters"] = os.path.join(out, "global.etad")
+        sess.export_adapters(summary["global_adapters"])
     return summary
 
 
@@ -416,6 +483,8 @@ class _Judge:
         if door is not None and server_round in door.rounds:
             line.update(door.rounds[server_round])
             line["skipped"] = any(r["round"] == server_round for r in door.skipped)
+        if door is not None and server_round in door.payload:
+            line["payload_bytes"] = door.payload[server_round]
         metrics = None
         if self.view is not None:
             self.sess.set_parameters({**self.initial, **from_records(arrays)})
