@@ -1,5 +1,6 @@
 """Datasets -> batches for on-device training: views, readers (image folders and lists among them), sample
-adapters, preprocessing, augmentation and a resumable DataLoader (numpy only; Pillow, optional, decodes images).
+adapters, preprocessing, augmentation, text (a word vocabulary, token windows for next-token training) and a
+resumable DataLoader (numpy only; Pillow, optional, decodes images).
 
 This package never imports edgetrain, onnx or onnxruntime: it runs on a device with numpy alone.
 """
@@ -19,6 +20,7 @@ from .npz import NpzDataView, read_npz
 from .pipeline import DataFacts, InputPipeline, data_facts, parse_range
 from .preprocess import Preprocess, parse_normalize, parse_scale
 from .store import SampleStore, StoreView, split_score
+from .text import TokenWindowView, WordVocab
 from .views import ArrayDataView, IDataView, SubsetView, check_finite, check_labels, split
 
 __all__ = [
@@ -48,6 +50,8 @@ __all__ = [
     "SampleStore",
     "StoreView",
     "SubsetView",
+    "TokenWindowView",
+    "WordVocab",
     "adapt_samples",
     "check_finite",
     "check_labels",
