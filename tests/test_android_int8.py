@@ -77,7 +77,8 @@ def test_the_command_line_takes_an_int8_model_end_to_end(int8, tmp_path):
     assert r["steps"] == 25 and r["kept"] and r["model_version"] == 1, r
     assert r["val_accuracy_after"] > r["val_accuracy_before"]
     e = json.loads(app("evaluate", "--data", NEW_USER, "--json", home=home).stdout)
-    assert e["samples"] == 400 and e["accuracy"] > 0.45  # the base int8 model: 39%; 25 steps of 7-bit weights: 49%
+    # the base int8 model: 39%; 25 steps of 7-bit weights: 49%
+    assert e["samples"] == 400 and e["accuracy"] > 0.45
     st = json.loads(app("status", "--json", home=home).stdout)
     assert st["model_version"] == 1 and st["samples"] == 50
     init = Home(home).events("init")[0]
