@@ -30,13 +30,20 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser(
         "init", help="set up a home from an artifact built on a workstation (edgetrain convert)"
     )
-    c.add_argument("--artifact", required=True, help="a training artifact (.etrain)")
+    c.add_argument("--artifact", help="a training artifact (.etrain); --text: default the embedded keyboard")
+    c.add_argument(
+        "--text",
+        action="store_true",
+        help="a text home: a keyboard that learns its user's words (the embedded LoRA language model)",
+    )
+    c.add_argument("--vocab", help="--text with your own --artifact: its word vocabulary (JSON)")
     c.add_argument("--policy", choices=["always", "charging", "charging-idle"], help="when bursts may run")
     c.add_argument("--max-steps", type=int, help="steps per burst at most (default 30)")
     c.add_argument("--max-seconds", type=float, help="seconds per burst at most (default 5)")
 
-    c = sub.add_parser("add", help="add labelled samples from a file (MNIST idx, .npz, CSV)")
-    c.add_argument("--data", required=True, help="anything loaders.open_data reads")
+    c = sub.add_parser("add", help="add labelled samples from a file (MNIST idx, .npz, CSV) or sentences")
+    c.add_argument("--data", help="anything loaders.open_data reads")
+    c.add_argument("--sentences", help="a text home: a UTF-8 file of sentences, one a line")
     c.add_argument(
         "--layout", choices=["nchw", "nhwc"], help="the data's image layout (default: from the shapes)"
     )
@@ -62,9 +69,15 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true", help="print one JSON line")
 
     c = sub.add_parser("evaluate", help="accuracy and loss of the current model on a data file")
-    c.add_argument("--data", required=True)
+    c.add_argument("--data")
+    c.add_argument(
+        "--sentences", help="a text home: held-out sentences, one a line (next-word top-1, perplexity)"
+    )
     c.add_argument("--layout", choices=["nchw", "nhwc"])
     c.add_argument("--json", action="store_true")
+
+    c = sub.add_parser("suggest", help="a text home: the three likeliest next words after TEXT")
+    c.add_argument("words", help="the sentence so far")
 
     c = sub.add_parser("status", help="samples, model version, last bursts, policy")
     c.add_argument("--json", action="store_true")
@@ -121,14 +134,19 @@ def _threads(args: argparse.Namespace) -> None:
 def _init(args: argparse.Namespace) -> int:
     from .app import Home  # numpy loads with it: after main() has set the BLAS thread count
 
-    home = Home.init(
-        args.home,
-        args.artifact,
-        policy=args.policy,
-        max_steps=args.max_steps,
-        max_seconds=args.max_seconds,
-        threads=args.threads,
+    settings = dict(
+        policy=args.policy, max_steps=args.max_steps, max_seconds=args.max_seconds, threads=args.threads
     )
+    if args.text:
+        from .text import TextHome  # the keyboard's vocabulary and suggestions
+
+        home = TextHome.init(args.home, args.artifact, vocab=args.vocab, **settings)
+        print(f"set up {home.path}: text mode (a keyboard), version 0, no sentences yet")
+        print(f"next: python -m android_demo --home {args.home} add --sentences FILE   (or serve)")
+        return 0
+    if not args.artifact or args.vocab:
+        raise UsageError("init needs --artifact MODEL.etrain (--vocab goes with --text)")
+    home = Home.init(args.home, args.artifact, **settings)
     print(f"set up {home.path}: model {os.path.basename(args.artifact)}, version 0, no samples yet")
     if home.int8_form is not None:
         print(
@@ -141,7 +159,7 @@ def _init(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .app import Home  # numpy loads with it: only now, after main() has set the BLAS thread count
+    from .app import open_home  # numpy loads with it: only now, after main() has set the BLAS thread count
 
     if args.command == "simulate":
         from .simulate import simulate  # only for simulate: the embedded data's story
@@ -160,7 +178,11 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.command} needs --home DIR (the app's folder)")
     if args.command == "init":
         return _init(args)
-    home = Home(args.home)
+    home = open_home(args.home)
+    if getattr(args, "sentences", None) or args.command == "suggest":
+        return _text_command(args, home)
+    if args.command in ("add", "evaluate") and not args.data:
+        raise UsageError(f"{args.command} needs --data PATH (a text home: --sentences FILE)")
     if args.command == "add":
         from edgetrain.runtime.feeding import (
             parse_options,
@@ -208,6 +230,40 @@ def run(args: argparse.Namespace) -> int:
             request_timeout=args.request_timeout,
             max_connections=args.max_connections,
         )
+    return 0
+
+
+def _text_command(args: argparse.Namespace, home) -> int:
+    """add --sentences, evaluate --sentences and suggest, for a text home."""
+    from .app import AppError
+    from .text import TextHome, heldout_figures
+
+    if not isinstance(home, TextHome):
+        raise AppError(f"{home.path} is not a text home (set one up with `init --text`)")
+    if args.command == "suggest":
+        print(" | ".join(home.suggest(args.words)))
+        return 0
+    if getattr(args, "data", None):
+        raise UsageError("give --data or --sentences, not both")
+    try:
+        with open(args.sentences, encoding="utf-8") as f:
+            lines = [line.strip() for line in f if line.strip()]
+    except (OSError, UnicodeDecodeError) as e:
+        raise AppError(f"{args.sentences}: cannot read the sentences ({e})") from None
+    if args.command == "add":
+        ids = home.add_sentences(lines)
+        print(f"added {len(ids):,} sentences; the store holds {home.status()['samples']:,}")
+    elif args.command == "evaluate":
+        fig = heldout_figures(home, lines)
+        if args.json:
+            print(json.dumps(fig, allow_nan=False))
+        else:
+            print(
+                f"version {home.version}: next-word top-1 {fig['top1']:.1%}, perplexity {fig['perplexity']:.1f} "
+                f"on {fig['windows']:,} sentences"
+            )
+    else:
+        raise UsageError(f"{args.command} takes no --sentences")
     return 0
 
 

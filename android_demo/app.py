@@ -45,6 +45,10 @@ ARTIFACT, STORE, CURRENT, SETTINGS, LOG = (
     "log.jsonl",
 )
 VERSIONS = "versions"
+CHECKPOINT, ADAPTERS = (
+    ".etck",
+    ".etad",
+)  # a version's file: a whole checkpoint, or a LoRA model's adapters alone
 KEEP_VERSIONS = 5  # older kept versions are deleted; the current one and four before it stay for rollback
 DEFAULTS = {
     "max_steps": 30,  # steps per burst at most
@@ -58,6 +62,7 @@ DEFAULTS = {
     "feature_cache_mb": 16.0,
     # the input pipeline the home adopted (`add --scale ...`) when its artifact declares none (InputPipeline JSON)
     "preprocessing": None,
+    "mode": "digits",  # what the home learns: "digits" (a classifier's samples) or "text" (android_demo.text)
 }
 
 
@@ -237,7 +242,9 @@ class Home:
         """A new session of the artifact holding the current version's parameters and optimizer state."""
         cur = self._read_json(CURRENT, {"version": 0, "checkpoint": None})
         sess = et.TrainingSession(self._file(ARTIFACT))
-        if cur.get("checkpoint"):
+        if str(cur.get("checkpoint") or "").endswith(ADAPTERS):  # a LoRA home keeps the adapters alone
+            sess.load_adapters(self._file(cur["checkpoint"]))
+        elif cur.get("checkpoint"):
             sess.load_checkpoint(self._file(cur["checkpoint"]))
         adopted = self.settings.get("preprocessing")
         if adopted and not sess.preprocessing.declared:
@@ -413,15 +420,13 @@ class Home:
                 return self._done(BurstResult(False, 0, None, None, version, 0.0, reason=reason))
             classification = sess.num_classes is not None
             val_loader = DataLoader(val, batch)
-            before = evaluate(sess, val_loader, classification=classification)
+            before = self._evaluate(sess, val_loader, classification)
             loader = DataLoader(
                 train, min(real, n_train), shuffle=True, seed=version + 1, drop_last=not padding
             )
             losses, reason = self._train(sess, loader, batch, max_steps, max_seconds, t0, progress)
             self._feature_rows = sess.feature_rows
-            after = (
-                evaluate(sess, val_loader, classification=classification) if not reason else (math.nan, None)
-            )
+            after = self._evaluate(sess, val_loader, classification) if not reason else (math.nan, None)
         result = BurstResult(
             kept=False,
             steps=len(losses),
@@ -501,17 +506,26 @@ class Home:
 
     def _keep(self, sess: et.TrainingSession, version: int, result: BurstResult) -> int:
         """Writes the new version whole, then points current.json at it (both atomically); prunes old files."""
-        name = os.path.join(VERSIONS, f"v{version:06d}.etck")
-        sess.save_checkpoint(self._file(name), user_state={"version": version, "burst": asdict(result)})
+        name = self._save_version(sess, version, result)
         atomic_write(self._file(CURRENT), json.dumps({"version": version, "checkpoint": name}).encode())
         self._prune(version)
         return version
+
+    def _save_version(self, sess: et.TrainingSession, version: int, result: BurstResult) -> str:
+        """Writes a version's file whole (atomically) -> its name in the home."""
+        name = os.path.join(VERSIONS, f"v{version:06d}{CHECKPOINT}")
+        sess.save_checkpoint(self._file(name), user_state={"version": version, "burst": asdict(result)})
+        return name
+
+    def _evaluate(self, sess: et.TrainingSession, loader: DataLoader, classification: bool):
+        """(mean loss, accuracy or None) of the session on the validation part: what a burst is judged by."""
+        return evaluate(sess, loader, classification=classification)
 
     def _prune(self, current: int) -> None:
         """Removes versions older than the last KEEP_VERSIONS, and files a killed burst left behind."""
         folder = self._file(VERSIONS)
         for f in os.listdir(folder):
-            stem = f[1:7] if f.startswith("v") and f.endswith(".etck") else None
+            stem = f[1:7] if f.startswith("v") and f.endswith((CHECKPOINT, ADAPTERS)) else None
             if stem is None or not stem.isdigit():
                 if f.startswith("."):  # an atomic write's temporary file, left by a kill
                     os.remove(os.path.join(folder, f))
@@ -584,6 +598,16 @@ class Home:
                     }
                 )
         return points
+
+
+def open_home(path: str | os.PathLike) -> Home:
+    """The home at `path` as its mode's class: a Home for a classifier's samples, a TextHome for a keyboard's."""
+    home = Home(path)
+    if home.settings.get("mode") == "text":
+        from .text import TextHome  # the keyboard's vocabulary and suggestions
+
+        return TextHome(path)
+    return home
 
 
 def remove_home(path: str) -> None:

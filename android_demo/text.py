@@ -1,0 +1,175 @@
+"""The app's text mode: a keyboard that learns its user's words (numpy, loaders and edgetrain's device side only).
+
+A text home holds what a digits home holds (app.py), with a GPT-style language model converted with NextTokenLoss and
+LoRA adapters on its attention and MLP MatMuls (the base frozen; tools/build_android_assets.py builds
+data/keyboard.etrain) and the model's word vocabulary (vocab.json). What the user sends is stored as samples in the
+same SampleStore: each sentence one window of int64 token ids [32] (<bos> words <eos>, right-padded) with its
+next-token labels (int64 [32]: the ids, -100 where padded and where the word is <unk>, which counts for nothing).
+Bursts train the adapters on the training part, judge them on the held-out part (a stable hash share of the user's
+own sentences: next-word top-1 accuracy, perplexity) and keep or roll back as for digits; a kept version is the
+adapters alone (versions/vNNNNNN.etad, export_adapters: tens of KB, not the 2 MB model).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import numpy as np
+
+import edgetrain as et
+from edgetrain.core.container import atomic_write
+from edgetrain.runtime.trainer import session_batch
+from loaders import DataLoader
+from loaders.text import IGNORE_INDEX, SPECIALS, TokenWindowView, WordVocab, sentences, words
+
+from .app import ADAPTERS, VERSIONS, AppError, BurstResult, Home
+
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+KEYBOARD = os.path.join(DATA, "keyboard.etrain")
+KEYBOARD_VOCAB = os.path.join(DATA, "keyboard_vocab.json")
+VOCAB = "vocab.json"
+MAX_TEXT = 2000  # characters of one sentence sent, or of the text a suggestion reads
+TEXT_DEFAULTS = {"max_steps": 20, "max_seconds": 60.0, "val_fraction": 0.2, "mode": "text"}
+
+
+class TextHome(Home):
+    """A home whose samples are sentences and whose model suggests the next word."""
+
+    def __init__(self, path: str | os.PathLike):
+        super().__init__(path)
+        if self.settings.get("mode") != "text":
+            raise AppError(f"{self.path} is a {self.settings.get('mode')} home, not a text one")
+        self.vocab = WordVocab.load(self._file(VOCAB))
+
+    @classmethod
+    def init(
+        cls,
+        path: str | os.PathLike,
+        artifact: str | os.PathLike | None = None,
+        *,
+        vocab: str | os.PathLike | None = None,
+        **settings: Any,
+    ) -> TextHome:
+        """Sets up a text home from the embedded keyboard (or a language-model artifact and its vocabulary)."""
+        artifact = KEYBOARD if artifact is None else artifact
+        vocab_path = KEYBOARD_VOCAB if vocab is None else vocab
+        words_ = WordVocab.load(vocab_path)  # refuses anything but a vocabulary file
+        sess = et.TrainingSession(artifact)
+        if sess.artifact.header.get("loss", {}).get("type") != "NextTokenLoss" or sess.num_classes != len(
+            words_
+        ):
+            raise AppError(
+                f"{artifact} is not a next-word model of {vocab_path}'s {len(words_)} tokens "
+                "(convert a language model with NextTokenLoss)"
+            )
+        path = os.path.abspath(os.fspath(path))
+        if os.path.exists(os.path.join(path, "current.json")):
+            raise AppError(f"{path} is already an app home; pick another folder or delete this one")
+        os.makedirs(path, exist_ok=True)
+        atomic_write(os.path.join(path, VOCAB), open(vocab_path, "rb").read())
+        merged = {**TEXT_DEFAULTS, **{k: v for k, v in settings.items() if v is not None}}
+        Home.init(path, artifact, **merged)
+        return cls(path)
+
+    # ---- the model -----------------------------------------------------------------------------------------------
+    @property
+    def length(self) -> int:
+        return int(self.input_shape()[0])
+
+    def suggest(self, text: str, k: int = 3, *, with_version: bool = False):
+        """The k likeliest next words after `text` (the sentence so far) by the current version, best first."""
+        if not isinstance(text, str) or len(text) > MAX_TEXT:
+            raise AppError(f"the text must be a string of at most {MAX_TEXT} characters")
+        ids, at = self.vocab.context(text, self.length)
+        with self._cache_lock:  # one interpreter: its buffers serve one run at a time
+            v = self.version
+            if self._session_cache is None or self._session_cache[0] != v:
+                self._session_cache = (v, self.session())
+            logits = np.asarray(self._session_cache[1].run(ids[None]))[0, at]
+        best = self.vocab.top_words(logits, k)
+        return (best, v) if with_version else best
+
+    # ---- samples -------------------------------------------------------------------------------------------------
+    def windows(self, texts: list[str]) -> TokenWindowView:
+        """Sentences -> the windows the store holds (an <unk> target counts for nothing)."""
+        return TokenWindowView.from_texts(
+            self.vocab, texts, self.length, ignore_targets=(self.vocab.unk_id,), source="<the user's text>"
+        )
+
+    def add_text(self, text: str) -> list[int]:
+        """Stores what the user sent (one or more sentences), one sample per window; returns their ids."""
+        if not isinstance(text, str) or len(text) > MAX_TEXT:
+            raise AppError(f"the text must be a string of at most {MAX_TEXT} characters")
+        parts = sentences(text)
+        if not parts:
+            raise AppError("the text has no word to learn from")
+        return self.add_sentences(parts)
+
+    def add_sentences(self, texts: list[str]) -> list[int]:
+        """Stores sentences (one a text; a text without a word is skipped) in one transaction; their ids."""
+        view = self.windows(list(texts))
+        with self.store() as s:
+            ids = [int(i) for i in s.add_many(list(view.x), list(view.y))]
+        self._log("add_text", ids=ids[:50], samples=len(ids), words=sum(len(words(t)) for t in texts))
+        return ids
+
+    def add(self, x: Any, y: Any) -> int:
+        raise AppError("a text home takes sentences (add_text), not labelled samples")
+
+    # ---- bursts --------------------------------------------------------------------------------------------------
+    def _evaluate(self, sess: et.TrainingSession, loader: DataLoader, classification: bool):
+        """(mean loss per next-token target, next-word top-1 accuracy) over the held-out windows."""
+        return next_word_metrics(sess, loader)
+
+    def _save_version(self, sess: et.TrainingSession, version: int, result: BurstResult) -> str:
+        name = os.path.join(VERSIONS, f"v{version:06d}{ADAPTERS}")
+        sess.export_adapters(self._file(name))
+        return name
+
+    def status(self) -> dict[str, Any]:
+        st = super().status()
+        cur = self._read_json("current.json", {})
+        path = cur.get("checkpoint")
+        st["mode"] = "text"
+        st["version_bytes"] = os.path.getsize(self._file(path)) if path else 0
+        return st
+
+
+def next_word_metrics(sess: et.TrainingSession, loader: DataLoader) -> tuple[float, float | None]:
+    """(mean cross-entropy per target token, the share of word targets the model ranks first) of windows with
+    NextTokenLoss labels: position t's output scores the label at t + 1; perplexity is exp of the first."""
+    batch = session_batch(sess) or 1
+    nll, targets, hits, word_targets = 0.0, 0, 0, 0
+    for x, y in loader:
+        k = len(x)
+        xp = np.concatenate([x, np.repeat(x[:1], batch - k, axis=0)]) if k < batch else x
+        logits = np.asarray(sess.run(xp), np.float64)[:k, :-1]
+        want = np.asarray(y)[:, 1:]
+        keep = want != IGNORE_INDEX
+        if not keep.any():
+            continue
+        z = logits[keep]
+        t = want[keep]
+        top = z.max(axis=1)
+        logsum = top + np.log(np.exp(z - top[:, None]).sum(axis=1))
+        nll += float(np.sum(logsum - z[np.arange(t.size), t]))
+        targets += int(t.size)
+        is_word = t >= len(SPECIALS)
+        hits += int(np.sum((z.argmax(axis=1) == t) & is_word))
+        word_targets += int(is_word.sum())
+    if not targets:
+        return math.nan, None
+    return nll / targets, (hits / word_targets if word_targets else None)
+
+
+def heldout_figures(home: TextHome, texts: list[str]) -> dict[str, Any]:
+    """The current version on sentences it never trained on: next-word top-1, perplexity, targets."""
+    view = home.windows(texts)
+    sess = home.session()
+    loss, top1 = next_word_metrics(sess, DataLoader(view, session_batch(sess) or 8))
+    return {"top1": top1, "perplexity": math.exp(loss), "windows": view.size()}
+
+
+__all__ = ["KEYBOARD", "KEYBOARD_VOCAB", "TextHome", "heldout_figures", "next_word_metrics"]
