@@ -8,6 +8,10 @@ android_demo/static/ and a small JSON API; everything it does goes through Home,
                             one runs
     GET  /api/progress      {"running", "step", "of", "loss", "result": BurstResult fields | null, "error"}
     GET  /api/history       {"points": Home.accuracy_by_version(), "version": the current version}
+A text home (`init --text`) serves text.html at / and, instead of predict and add:
+    POST /api/suggest       {"text": "the sentence so far"} -> {"words": the three likeliest next words, "version"}
+    POST /api/send          {"text": "a finished sentence"} -> {"ids", "samples"}: stored as the user's samples
+"text" is a JSON string of at most text.MAX_TEXT characters.
 
 "pixels" is the model's input as nested lists (for the digits model [1, 28, 28], or [28, 28]: singleton axes may be
 left out), raw values in the range the model's input pipeline takes ("input_range" of /api/status: 0..255 for the
@@ -55,6 +59,7 @@ from .connections import (
     linger,
     refuse,
 )
+from .text import MAX_TEXT, TextHome
 
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
 PAGES = {  # the only files served: no path from a request ever reaches the file system
@@ -62,7 +67,9 @@ PAGES = {  # the only files served: no path from a request ever reaches the file
     "/index.html": ("index.html", "text/html; charset=utf-8"),
     "/app.js": ("app.js", "text/javascript; charset=utf-8"),
     "/style.css": ("style.css", "text/css; charset=utf-8"),
+    "/text.js": ("text.js", "text/javascript; charset=utf-8"),
 }
+TEXT_PAGE = "text.html"  # a text home's page at / and /index.html
 LOOPBACK = ("127.0.0.1", "localhost")
 MAX_BODY = 1 << 20  # a 28x28 drawing as JSON is about 10 KB
 LINGER_SECONDS = 2.0  # at most, reading what a client still sends after an error answered before its body
@@ -165,6 +172,7 @@ class AppServer(ThreadingHTTPServer):
             home.input_range()
         )  # the page sends pixels in it (0..255 for a pipeline that scales)
         self.classes = home.num_classes
+        self.text = isinstance(home, TextHome)
         self.request_timeout = float(request_timeout)
         self.connections = Connections(max_connections)
         # a body holds the pixels and a few fields; twice the input's numbers leaves room for any nesting
@@ -382,13 +390,18 @@ class Handler(BaseHTTPRequestHandler):
         self._handle({p: (lambda p=p: self._static(p)) for p in PAGES})
 
     def do_POST(self) -> None:
-        self._handle(
-            {"/api/predict": self._predict, "/api/add": self._add, "/api/personalize": self._personalize}
-        )
+        routes = {"/api/personalize": self._personalize}
+        if self.server.text:
+            routes.update({"/api/suggest": self._suggest, "/api/send": self._send_text})
+        else:
+            routes.update({"/api/predict": self._predict, "/api/add": self._add})
+        self._handle(routes)
 
     # ---- the page and the API --------------------------------------------------------------------------------
     def _static(self, path: str) -> None:
         name, ctype = PAGES[path]
+        if self.server.text and name == "index.html":
+            name = TEXT_PAGE
         with open(os.path.join(STATIC, name), "rb") as f:
             self._send(HTTPStatus.OK, f.read(), ctype)
 
@@ -399,7 +412,26 @@ class Handler(BaseHTTPRequestHandler):
             "input_shape": list(self.server.input_shape),
             "input_range": list(self.server.input_range),
             "classes": self.server.classes,
+            "mode": "text" if self.server.text else "digits",
         }
+
+    def _text(self, body: dict[str, Any], path: str) -> str:
+        api_json.only(body, path, "text")
+        text = body.get("text")
+        if not isinstance(text, str):
+            raise ApiError(f'{path} takes {{"text": "..."}}: a JSON string')
+        if len(text) > MAX_TEXT:
+            raise ApiError(f'"text" of {len(text)} characters; at most {MAX_TEXT}')
+        return text
+
+    def _suggest(self, body: dict[str, Any]) -> tuple[int, Any]:
+        best, version = self.server.home.suggest(self._text(body, "/api/suggest"), 3, with_version=True)
+        return HTTPStatus.OK, {"words": best, "version": version}
+
+    def _send_text(self, body: dict[str, Any]) -> tuple[int, Any]:
+        home = self.server.home
+        ids = home.add_text(self._text(body, "/api/send"))
+        return HTTPStatus.OK, {"ids": ids, "samples": home.sample_count()}
 
     def _history(self) -> tuple[int, Any]:
         home = self.server.home

@@ -109,7 +109,10 @@ class TextHome(Home):
 
     def add_sentences(self, texts: list[str]) -> list[int]:
         """Stores sentences (one a text; a text without a word is skipped) in one transaction; their ids."""
-        view = self.windows(list(texts))
+        texts = [t for t in texts if words(t)]
+        if not texts:
+            return []
+        view = self.windows(texts)
         with self.store() as s:
             ids = [int(i) for i in s.add_many(list(view.x), list(view.y))]
         self._log("add_text", ids=ids[:50], samples=len(ids), words=sum(len(words(t)) for t in texts))

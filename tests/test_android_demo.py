@@ -251,7 +251,7 @@ DEVICE = """
 import json, sys, tempfile
 import numpy as np
 import android_demo.app, android_demo.policy, android_demo.simulate, android_demo.server  # the whole device side
-import android_demo.__main__
+import android_demo.__main__, android_demo.text  # the text mode's keyboard too
 import edgetrain.runtime, edgetrain.runtime.trainer, edgetrain.runtime.feeding, loaders
 from android_demo.simulate import simulate
 r = simulate(quick=True, out=None)
