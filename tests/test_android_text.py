@@ -65,7 +65,10 @@ def test_a_burst_on_the_users_sentences_is_kept_and_helps(tmp_path):
     assert r.kept and r.steps == 30 and home.version == 1, r.reason
     assert r.val_accuracy_after > r.val_accuracy_before
     after = heldout_figures(home, HELD)  # 188 sentences the app never saw
-    assert after["top1"] > before["top1"] + 0.05 and after["perplexity"] < before["perplexity"] / 2, (before, after)
+    assert after["top1"] > before["top1"] + 0.05 and after["perplexity"] < before["perplexity"] / 2, (
+        before,
+        after,
+    )
     cur = json.loads((tmp_path / "home" / "current.json").read_text())
     assert cur["checkpoint"].endswith(".etad")
     size = os.path.getsize(tmp_path / "home" / cur["checkpoint"])
@@ -149,7 +152,11 @@ def test_the_suggest_api_and_bad_requests(tmp_path):
 
 
 def app(*args, home=None) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "android_demo"] + (["--home", str(home)] if home else []) + [str(a) for a in args]
+    cmd = (
+        [sys.executable, "-m", "android_demo"]
+        + (["--home", str(home)] if home else [])
+        + [str(a) for a in args]
+    )
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
 
 
@@ -179,8 +186,9 @@ def test_the_text_page_in_a_real_browser(driver, tmp_path):  # noqa: F811
         wait(d, "document.getElementById('samples').dataset.count === '60'")
         box = d.find_element("id", "text")
 
-        def shows(words: list[str]) -> None:  # the last suggestions answered are these, as the page shows them
-            want = json.dumps(json.dumps(words))
+        def shows(words: list[str]) -> None:
+            """The last suggestions answered are these, and the page shows them."""
+            want = json.dumps(json.dumps(words, separators=(",", ":")))
             wait(d, f"JSON.stringify(window.edgetrain.suggestions) === {want}")
             buttons = d.find_elements("css selector", "#suggestions button")
             assert [b.text for b in buttons] == words
