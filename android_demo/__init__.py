@@ -1,7 +1,8 @@
 """The on-phone personalization app (numpy and edgetrain's device side only): a sample store, bursts of training
 kept only when validation says they help, model versions, a page for the phone's browser, and `simulate`.
 
-    python -m android_demo --home DIR init --artifact MODEL.etrain
+    python -m android_demo --home DIR init --artifact MODEL.etrain      (or init --text: a keyboard, android_demo.text)
+    python -m android_demo --home DIR add --sentences FILE             (a text home; suggest "TEXT" gives 3 words)
     python -m android_demo --home DIR add --data PATH
     python -m android_demo --home DIR personalize [--max-steps N] [--lr X] [--threads N] [--batch-size B] [--json]
     python -m android_demo --home DIR evaluate --data PATH [--json]
