@@ -36,6 +36,12 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    if args.model == "keyboard" and not args.quantized:
+        from edgetrain.demo import run_keyboard_command  # start-up: loaded only when the keyboard demo runs
+
+        return run_keyboard_command(args)
+    if args.epochs is None:
+        args.epochs = 20
     if args.quantized:
         from edgetrain.demo import run_quantized_command  # start-up: loaded only when the int8 demo runs
 
@@ -560,15 +566,16 @@ def _add_demo(sub, common: argparse.ArgumentParser) -> None:
     )
     d.add_argument(
         "--model",
-        choices=["lenet", "lstm", "gru"],
+        choices=["lenet", "lstm", "gru", "keyboard"],
         default="lenet",
-        help="the base model: lenet (default), or a sequence model that reads each digit row by row: lstm, gru",
+        help="the base model: lenet (default), or a sequence model that reads each digit row by row: lstm, gru; "
+        "keyboard: a next-word language model personalized with LoRA, head-only and full fine-tuning",
     )
     d.add_argument(
         "--out",
-        help="directory for the files (default ./edgetrain-demo; ./edgetrain-demo-lstm for --model lstm)",
+        help="directory for the files (default ./edgetrain-demo; ./edgetrain-demo-MODEL for another --model)",
     )
-    d.add_argument("--epochs", type=int, default=20, help="fine-tuning epochs (default 20)")
+    d.add_argument("--epochs", type=int, help="fine-tuning epochs (default 20; keyboard: 5)")
     d.add_argument("--no-plot", action="store_true", help="do not write the training-curve plot")
     d.add_argument("--json", help="also write the results as JSON to this file")
     d.add_argument(
