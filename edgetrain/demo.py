@@ -3,13 +3,16 @@ accuracy, head-only and full fine-tuning side by side, accuracy after, export ch
 JSON summary and, with matplotlib, a training-curve plot. Build side: needs onnx; onnxruntime for the check.
 `--model lstm` (or gru) tells the same story with a sequence model that reads each digit row by row.
 `--quantized` tells it with the LeNet quantized to int8 by onnxruntime's static quantizer (needs onnxruntime): float
-and int8 personalized side by side, exported int8 and float, every model file measured by onnxruntime."""
+and int8 personalized side by side, exported int8 and float, every model file measured by onnxruntime.
+`--model keyboard` tells it with a next-word language model (data/keyboard/, tools/build_keyboard.py) and a new
+user's sentences: LoRA, head-only and full fine-tuning, the adapters exported for onnxruntime's multi-LoRA serving."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -19,14 +22,17 @@ from typing import Any, TextIO
 import numpy as np
 
 from loaders import DataLoader, MnistDataView
+from loaders.text import TokenWindowView, WordVocab
 
 from .core.container import atomic_write
 from .core.errors import ConfigError, StorageError, UnsupportedError, UsageError
-from .derive.losses import CrossEntropyLoss
-from .derive.optimizers import SGD
+from .derive.adapters import LoRA
+from .derive.losses import CrossEntropyLoss, NextTokenLoss
+from .derive.optimizers import SGD, Adam
 from .derive.pipeline import convert
 from .runtime import InferenceSession, TrainingSession
 from .runtime.progress import TrainProgress, duration, percent
+from .runtime.schedules import CosineLR
 from .runtime.threads import blas_threads
 from .runtime.trainer import Trainer
 
@@ -918,13 +924,11 @@ def run_quantized_command(args) -> int:
 
 # ---- a language model: `edgetrain demo --model keyboard` ----------------------------------------------------------
 
-KEYBOARD = os.path.join(
-    DATA, "keyboard"
-)  # tools/build_keyboard.py's assets: model, vocabulary, texts, SOURCES.md
+# tools/build_keyboard.py's assets: the model, its vocabulary, the texts, SOURCES.md (their licenses)
+KEYBOARD = os.path.join(DATA, "keyboard")
 KEYBOARD_MODEL = os.path.join(KEYBOARD, "keyboard_lm.onnx")
-KEYBOARD_EPOCHS = (
-    5  # over the user's 300 sentences (19 steps each): more overfits (held-out perplexity rises)
-)
+# over the user's 300 sentences, 18 steps an epoch: more overfits (the held-out perplexity rises again)
+KEYBOARD_EPOCHS = 5
 KEYBOARD_BATCH = 16
 EVAL_BATCH = 64  # windows per run() when measuring: one compiled program for every chunk (the last is padded)
 SPECIALS = 4  # <pad> <unk> <bos> <eos>: never suggested, and not counted as words
@@ -1148,8 +1152,6 @@ class _KeyboardStory(_Story):
     method per scene (the say() of the digits demo's story)."""
 
     def __init__(self, out_dir, epochs, seed, stream, progress_stream, base_sentences):
-        from loaders.text import TokenWindowView, WordVocab  # the demo's only text reader
-
         self.out = stream if stream is not None else sys.stdout
         self.out_dir, self.epochs, self.seed, self.progress_stream = out_dir, epochs, seed, progress_stream
         os.makedirs(out_dir, exist_ok=True)
@@ -1209,10 +1211,6 @@ class _KeyboardStory(_Story):
 
     def convert_variants(self) -> dict[str, str]:
         """[2/5] the base model -> a training artifact per variant, NextTokenLoss and Adam -> their paths."""
-        from .derive.adapters import LoRA  # build side, as convert
-        from .derive.losses import NextTokenLoss  # as above
-        from .derive.optimizers import Adam  # as above
-
         t0 = time.perf_counter()
         paths, counts = {}, {}
         for name, cfg in KEYBOARD_VARIANTS.items():
@@ -1263,8 +1261,6 @@ class _KeyboardStory(_Story):
     def _train_one(self, name: str, sess: TrainingSession, path: str) -> KeyboardVariant:
         """One variant's training (a Trainer: cosine decay, the user's held-out loss each epoch, a checkpoint) ->
         its result, measured after."""
-        from .runtime.schedules import CosineLR  # device side, as the Trainer
-
         loader = DataLoader(self.user_train, KEYBOARD_BATCH, shuffle=True, seed=self.seed, drop_last=True)
         steps = self.epochs * len(loader)
         bar = TrainProgress(
@@ -1303,8 +1299,6 @@ class _KeyboardStory(_Story):
     def memory(self, variants: dict[str, KeyboardVariant], paths: dict[str, str]) -> None:
         """[4/5] each variant's peak RSS: a fresh process with the device side alone trains its artifact
         RSS_STEPS steps on one batch of the user's sentences (_RSS_WORKER); its VmHWM."""
-        import subprocess  # the demo's only child processes
-
         batch = os.path.join(self.out_dir, "rss-batch.npz")
         x, y = self.user_train.get_batch(np.arange(KEYBOARD_BATCH))
         np.savez(batch, x=x, y=y)
