@@ -159,7 +159,7 @@ def _init(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .app import open_home  # numpy loads with it: only now, after main() has set the BLAS thread count
+    from .text import open_home  # numpy loads with it: only now, after main() has set the BLAS thread count
 
     if args.command == "simulate":
         from .simulate import simulate  # only for simulate: the embedded data's story
@@ -235,8 +235,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _text_command(args: argparse.Namespace, home) -> int:
     """add --sentences, evaluate --sentences and suggest, for a text home."""
-    from .app import AppError
-    from .text import TextHome, heldout_figures
+    from .app import AppError  # numpy loads with it: after main() has set the BLAS thread count
+    from .text import TextHome, heldout_figures  # as above
 
     if not isinstance(home, TextHome):
         raise AppError(f"{home.path} is not a text home (set one up with `init --text`)")

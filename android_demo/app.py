@@ -600,16 +600,6 @@ class Home:
         return points
 
 
-def open_home(path: str | os.PathLike) -> Home:
-    """The home at `path` as its mode's class: a Home for a classifier's samples, a TextHome for a keyboard's."""
-    home = Home(path)
-    if home.settings.get("mode") == "text":
-        from .text import TextHome  # the keyboard's vocabulary and suggestions
-
-        return TextHome(path)
-    return home
-
-
 def remove_home(path: str) -> None:
     """Deletes a home folder (used by simulate for its temporary home)."""
     shutil.rmtree(path, ignore_errors=True)

@@ -140,6 +140,12 @@ class TextHome(Home):
         return st
 
 
+def open_home(path: str | os.PathLike) -> Home:
+    """The home at `path` as its mode's class: a Home for a classifier's samples, a TextHome for a keyboard's."""
+    home = Home(path)
+    return TextHome(path) if home.settings.get("mode") == "text" else home
+
+
 def next_word_metrics(sess: et.TrainingSession, loader: DataLoader) -> tuple[float, float | None]:
     """(mean cross-entropy per target token, the share of word targets the model ranks first) of windows with
     NextTokenLoss labels: position t's output scores the label at t + 1; perplexity is exp of the first."""
@@ -175,4 +181,4 @@ def heldout_figures(home: TextHome, texts: list[str]) -> dict[str, Any]:
     return {"top1": top1, "perplexity": math.exp(loss), "windows": view.size()}
 
 
-__all__ = ["KEYBOARD", "KEYBOARD_VOCAB", "TextHome", "heldout_figures", "next_word_metrics"]
+__all__ = ["KEYBOARD", "KEYBOARD_VOCAB", "TextHome", "heldout_figures", "next_word_metrics", "open_home"]

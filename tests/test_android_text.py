@@ -19,8 +19,7 @@ from device import PYTHONS, run_on_device
 from interrupts import Lines
 from test_android_page import Running, call, driver, js, wait  # noqa: F401  (driver: the browser fixture)
 
-from android_demo.app import open_home
-from android_demo.text import TextHome, heldout_figures
+from android_demo.text import TextHome, heldout_figures, open_home
 from loaders.text import WordVocab
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,7 +88,7 @@ def test_a_burst_that_hurts_is_rolled_back(tmp_path):
 
 KILLER = """
 import sys
-from android_demo.app import open_home
+from android_demo.text import open_home
 home = open_home(sys.argv[1])
 def progress(info):
     print("step", info["step"], flush=True)
