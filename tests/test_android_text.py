@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -116,6 +117,30 @@ def test_a_kill_mid_burst_leaves_the_store_and_the_version_whole(tmp_path):
         x, y = s.snapshot().get_batch(np.arange(samples))
     assert x.shape == (samples, 32)
     assert again.personalize(force=True).steps == 4
+
+
+@pytest.mark.slow
+def test_kills_at_random_instants_never_break_a_text_home(tmp_path):
+    """Kills anywhere in bursts, the keep included (adapters written, then the pointer): the current version's
+    adapters always load, the version only moves forward, and the store keeps every sentence."""
+    text_home(tmp_path, 40, max_steps=2)
+    rng = np.random.default_rng(1)
+    script = (
+        "import sys\nfrom android_demo.text import open_home\nh = open_home(sys.argv[1])\n"
+        "while True:\n    h.personalize(force=True)\n"
+    )
+    for _ in range(6):
+        v0 = TextHome(tmp_path / "home").version
+        proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "home")], cwd=ROOT)
+        time.sleep(2.0 + rng.uniform(0, 3.0))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+        h = TextHome(tmp_path / "home")
+        assert h.version >= v0 and h.sample_count() == 40
+        h.session()  # loads: the current adapters are whole
+        assert h.personalize(force=True).steps == 2
+    versions = os.listdir(tmp_path / "home" / "versions")
+    assert all(f.endswith(".etad") for f in versions), versions  # a killed write's temporary file was removed
 
 
 def test_the_suggest_api_and_bad_requests(tmp_path):
