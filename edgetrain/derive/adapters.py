@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from edgetrain.core.errors import ConfigError, UnsupportedError
-from edgetrain.core.ir import Graph, Node, TensorInfo
+from edgetrain.core.ir import Graph, GraphBuilder, Node, TensorInfo
 from edgetrain.graph.adapters import LoraModule
 
 from .params import PARAMETER, Role, Roles, _generated, _matches
@@ -92,14 +92,15 @@ class LoRA(IAdapter):
         rng = np.random.default_rng(self.seed)
         modules = []  # inserted from the last node back, so that the indices of those before stay valid
         readers = _readers(graph)
+        fresh = GraphBuilder(g).fresh  # names not taken yet, the ones it gave out included
         for weight, k, fan_in, fan_out, transposed in sorted(chosen, key=lambda site: -site[1]):
             shared = _shared(graph.nodes[k], weight, readers)
             stem = _layer_name(weight, roles.entries[weight], g.nodes[k].name, graph.scopes, shared)
-            m = _insert_one(g, g.nodes[k], (weight, stem), (fan_in, fan_out, transposed), self, rng)
+            node = graph.nodes[k]
+            m = _insert_one(g, node, (weight, stem), (fan_in, fan_out, transposed), (self, rng, fresh))
             if shared:  # the merged export gives this layer its own merged weight: the others read W as it is
-                m.own = _fresh(g, f"{stem}.weight")
+                m.own = fresh(f"{stem}.weight")
             modules.append(m)
-            node = g.producers()[m.base_output]
             for name, what in ((m.A, "A"), (m.B, "B")):
                 arr = g.initializers[name]
                 entries[name] = Role(
@@ -197,29 +198,22 @@ def _module_path(scope: str) -> str:
     return path if path and all(p.replace("_", "").replace(".", "").isalnum() for p in parts) else ""
 
 
-def _fresh(g: Graph, name: str) -> str:
-    used = set(g.values) | set(g.initializers) | {o for n in g.nodes for o in n.outputs}
-    out, k = name, 0
-    while out in used:
-        k += 1
-        out = f"{name}_{k}"
-    return out
-
-
 def _insert_one(
-    g: Graph, node: Node, names: tuple[str, str], site: tuple[int, int, bool], lora: LoRA, rng
+    g: Graph, node: Node, names: tuple[str, str], site: tuple[int, int, bool], how: tuple
 ) -> LoraModule:
-    """y = op(x, W) -> y_base = op(x, W); y = y_base + s (x A) B, in place on g. names: (W, the layer's name)."""
+    """y = op(x, W) -> y_base = op(x, W); y = y_base + s (x A) B, in place on g. names: (W, the layer's name);
+    how: (the LoRA module, the generator that draws A, the fresh-name function of g's builder)."""
+    lora, rng, fresh = how
     fan_in, fan_out, transposed = site
     weight, stem = names
-    a, b = _fresh(g, f"{stem}.lora_A"), _fresh(g, f"{stem}.lora_B")
+    a, b = fresh(f"{stem}.lora_A"), fresh(f"{stem}.lora_B")
     bound = 1.0 / math.sqrt(fan_in)  # kaiming_uniform_(a=sqrt(5)) on PEFT's [rank, in] lora_A
     g.initializers[a] = np.ascontiguousarray(rng.uniform(-bound, bound, (lora.rank, fan_in)).astype(F32).T)
     g.initializers[b] = np.zeros((lora.rank, fan_out), F32)
     y = node.outputs[0]
     info = g.values.get(y)
-    names = {k: _fresh(g, f"{y}_lora_{k}") for k in ("base", "xa", "xab", "scaled")}
-    s = _fresh(g, f"{stem}.lora_scale")
+    names = {k: fresh(f"{y}_lora_{k}") for k in ("base", "xa", "xab", "scaled")}
+    s = fresh(f"{stem}.lora_scale")
     scale = lora.alpha / lora.rank
     g.initializers[s] = np.asarray(scale, F32)
     for v, shape in ((a, (fan_in, lora.rank)), (b, (lora.rank, fan_out)), (s, ())):
