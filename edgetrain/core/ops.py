@@ -326,6 +326,17 @@ _TABLE: list[OpRecord] = [
         no_rule=_BACKWARD,
     ),
     *_all("LSTMGrad GRUGrad RNNGrad", domain=PRIVATE_DOMAIN, sequential=True, no_rule=_BACKWARD),
+    # the recurrences' training-mode forwards: the op's outputs and the trace their fused backward reads
+    *_all(
+        "LSTMTrain GRUTrain RNNTrain",
+        domain=PRIVATE_DOMAIN,
+        heavy=True,
+        sequential=True,
+        no_rule="a training-mode forward the autodiff writes, read by its fused backward: edgetrain differentiates once",
+    ),
+    # activation recomputation (edgetrain.graph.recompute): x passed on once token exists, so that a forward value
+    # recomputed for the backward is computed when the backward reaches it, not as soon as its inputs are ready
+    OpRecord("After", domain=PRIVATE_DOMAIN, no_rule=_BACKWARD),
     # quantization-aware training: QuantizeLinear -> DequantizeLinear as one op (a float master weight read through
     # its int8 grid, an activation's quantization); a weight read through it is still the initializer under it
     OpRecord(

@@ -4,7 +4,6 @@ training step, provenance."""
 
 from __future__ import annotations
 
-import math
 import os
 from collections import Counter
 from collections.abc import Mapping
@@ -14,6 +13,7 @@ import numpy as np
 
 from edgetrain.core.container import file_kind, read_container, short
 from edgetrain.core.errors import ArtifactError
+from edgetrain.graph.footprint import step_footprint
 
 from .artifact import load_artifact
 from .fused import CHUNK, fusable
@@ -26,61 +26,11 @@ def _mb(n: float) -> str:
 
 def step_memory(header: dict[str, Any], tensors: Mapping[str, np.ndarray]) -> dict[str, Any]:
     """An artifact's header and tensors -> the bytes a TrainingSession holds while it runs a training step, by part,
-    and their sum, the planned peak. The parts are what the session allocates, decided as the session decides:
-
-    - arena: the step program's memory plan (activations, gradients, temporaries); with the fused optimizer
-      (edgetrain.runtime.fused) the program is the step without its update nodes, planned on its own;
-    - parameters and state: the session's own copies of the trainable parameters and the optimizer state;
-    - constants: the step program's initializers (frozen weights, folded constants), read from the file's map;
-    - optimizer buffers: the fused optimizer updates the parameters and state in place (they are its flat
-      buffers) and holds the gradients, flat, and two chunk-sized scratch buffers per dtype (a step its bound
-      cannot vouch for keeps a copy of the parameters and state for that step only: not planned); without it,
-      the step's new parameters and state are outputs of the program, outside the arena;
-    - outputs: the step's other outputs outside the arena (the loss, the model's outputs).
-
-    Not counted: the interpreter's Python objects, temporaries inside kernels, the caller's batch, and the file's
-    pages the map brings in beyond the constants (the initial values, read once when the session copies them)."""
-
-    io = header["io"]
-    zeros = header.get("zeros", {})
-
-    def nbytes(name: str) -> int:
-        if name in tensors:
-            return int(tensors[name].nbytes)
-        dtype, shape = zeros[name]
-        return math.prod(shape) * np.dtype(dtype).itemsize
-
-    params, state = list(io["parameters"]), list(io["state"])
-    dtypes = [tensors[p].dtype for p in params]
-    fused = header.get("fused") if header.get("fused") and fusable(header["optimizer"], dtypes) else None
-    program, plan = (fused["program"], fused["plan"]) if fused else (header["program"], header["plan"])
-    p_bytes = sum(nbytes(p) for p in params)
-    s_bytes = sum(nbytes(s) for s in state)
-    owned = set(params) | set(state)
-    constants = sum(
-        int(tensors[program.get("prefix", "") + n].nbytes) for n in program["initializers"] if n not in owned
-    )
-    bound: set[str] = set()  # outputs written into the session's buffers, not allocated by the step
-    if fused:
-        bound = {fused["gradients"][p] for p in params}
-        # the gradients, and two scratch chunks for each dtype's group
-        sizes: dict[np.dtype, int] = {}
-        for p, dt in zip(params, dtypes):
-            sizes[np.dtype(dt)] = sizes.get(np.dtype(dt), 0) + int(tensors[p].size)
-        buffers = p_bytes + sum(2 * min(n, CHUNK) * dt.itemsize for dt, n in sizes.items())
-    else:
-        buffers = sum(_value_bytes(program, n) for n in io["updates"].values())
-        bound = set(io["updates"].values())
-    outputs = sum(_value_bytes(program, n) for n in dict.fromkeys(program["outputs"]) if n not in bound)
-    parts = {
-        "arena_bytes": int(plan["arena_size"]),
-        "parameters_bytes": p_bytes,
-        "state_bytes": s_bytes,
-        "constants_bytes": constants,
-        "optimizer_buffers_bytes": buffers,
-        "outputs_bytes": outputs,
-    }
-    return {**parts, "peak_bytes": sum(parts.values()), "fused": bool(fused)}
+    and their sum, the planned peak (edgetrain.graph.footprint.step_footprint says what each part is), with the
+    fused optimizer when this runtime runs it."""
+    dtypes = [tensors[p].dtype for p in header["io"]["parameters"]]
+    fused = bool(header.get("fused")) and fusable(header["optimizer"], dtypes)
+    return step_footprint(header, tensors, fused=fused, chunk=CHUNK)
 
 
 def artifact_step_memory(path: str | os.PathLike) -> dict[str, Any]:
@@ -112,14 +62,6 @@ def _load(path: str | os.PathLike) -> tuple[str, dict[str, Any], dict[str, np.nd
     header, tensors = read_container(path, kind="checkpoint")
     _checkpoint_fields(os.fspath(path), header)
     return kind, header, tensors
-
-
-def _value_bytes(program: dict[str, Any], name: str) -> int:
-    """Bytes of a value of a stored program; 0 when its shape is not static."""
-    dtype, shape = program["values"].get(name, ("float32", None))
-    if shape is None or not all(isinstance(d, int) for d in shape):
-        return 0
-    return math.prod(shape) * np.dtype(dtype).itemsize
 
 
 def describe(path: str | os.PathLike) -> str:

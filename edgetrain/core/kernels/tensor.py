@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from edgetrain.core.errors import ShapeError, UnsupportedError
+from edgetrain.core.ops import PRIVATE_DOMAIN
 
 from ._util import _axes, _axis, _ints
 from .registry import kernel
@@ -82,6 +83,13 @@ def transpose(data: np.ndarray, *, perm: list[int] | None = None) -> np.ndarray:
     if sorted(perm) != list(range(data.ndim)):
         raise ShapeError(f"Transpose: perm={list(perm)} is not a permutation of the {data.ndim} axes")
     return data.transpose(perm)
+
+
+@kernel("After", domain=PRIVATE_DOMAIN, view=True, shape=lambda node, infos: [infos[0]])
+def after(x: np.ndarray, token: np.ndarray) -> np.ndarray:
+    """x itself, once token has been computed: an order the memory plan keeps (activation recomputation runs a
+    recomputed value's nodes when the backward needs it). Its ONNX body is Identity(x)."""
+    return x
 
 
 # ------------------------------------------------ Concat, Split, Slice, Expand, Tile

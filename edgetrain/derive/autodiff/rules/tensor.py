@@ -12,7 +12,7 @@ from edgetrain.core.ir import Node
 from edgetrain.core.kernels.cast import NUMPY_TO_ONNX
 from edgetrain.core.kernels.resize import nearest_index, resize_plan, resize_weights, source_coords
 from edgetrain.derive.autodiff.context import GradContext
-from edgetrain.derive.autodiff.registry import grad
+from edgetrain.derive.autodiff.registry import body, grad
 
 Grads = list[str | None]  # one gradient name (or None) per output / input
 
@@ -427,3 +427,9 @@ def _resize_matrices(g: GradContext, node: Node, xs: tuple[int, ...]) -> list[tu
 def reverse_sequence_grad(g: GradContext, node: Node, dys: Grads, needs: list[bool]) -> Grads:
     attrs = {k: node.attrs[k] for k in ("batch_axis", "time_axis") if k in node.attrs}
     return [g.op("ReverseSequence", dys[0], node.inputs[1], **attrs)]
+
+
+# After(x, token) orders a recomputation (edgetrain.graph.recompute); as ONNX it is x itself
+@body("After")
+def _after_body(g: GradContext, node: Node) -> list[str]:
+    return [g.op("Identity", node.inputs[0])]
