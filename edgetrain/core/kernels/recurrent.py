@@ -104,14 +104,26 @@ class Act:
         assert n == "softplus", n
         return np.maximum(x, 0) + np.log1p(np.exp(-np.abs(x)))
 
-    def slope(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """d act / dx at x, where y = act(x)."""
+    def slope(self, x: np.ndarray | None, y: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """d act / dx at x, where y = act(x) (sigmoid and tanh read y alone: x may be None), written into out
+        when given (the result either way)."""
+        n = self.name
+        if n == "sigmoid":  # y * (1 - y)
+            out = np.subtract(1, y, out=out)
+            out *= y
+            return out
+        if n == "tanh":  # 1 - y * y
+            out = np.multiply(y, y, out=out)
+            return np.subtract(1, out, out=out)
+        s = self._other_slope(x, y)
+        if out is None:
+            return s
+        out[...] = s
+        return out
+
+    def _other_slope(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         n, a, b = self.name, self.alpha, self.beta
         t = x.dtype.type
-        if n == "sigmoid":
-            return y * (1 - y)
-        if n == "tanh":
-            return 1 - y * y
         if n == "relu":
             return (x > 0).astype(x.dtype)
         if n == "affine":
@@ -203,6 +215,7 @@ def resolve_activations(
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 DEFAULT_ACTS = {"LSTM": ("Sigmoid", "Tanh", "Tanh"), "GRU": ("Sigmoid", "Tanh"), "RNN": ("Tanh",)}
 DIRECTIONS = {"forward": 1, "reverse": 1, "bidirectional": 2}
+N_STATES = {"LSTM": 2, "GRU": 1, "RNN": 1}  # outputs after Y: Y_h (and Y_c)
 
 
 @dataclass
@@ -395,15 +408,72 @@ def _mask(spec: Spec) -> np.ndarray | None:
 # ---------------------------------------------------------------------------------------------------- the cells
 @dataclass
 class Trace:
-    """What one direction's forward keeps for its backward (processing order): pre-activations after clip and
-    the clip mask, gate values, and the states before each step (h[t], c[t]) and after the last (h[T], c[T])."""
+    """What one direction's forward keeps for its backward (processing order): gate values, the pre-activations
+    (after clip) where a gate's activation needs them for its slope, the clip mask (1.0 where clip let the
+    pre-activation through), and the states before each step (h[t], c[t]) and after the last (h[T], c[T])."""
 
-    a: np.ndarray  # [T, N, G*H] pre-activations (clipped)
-    kept: np.ndarray | None  # [T, N, G*H] where clip let the pre-activation through (None: no clip)
+    a: np.ndarray | None  # [T, N, G*H] pre-activations (None: sigmoid and tanh slopes read the gates alone)
+    kept: np.ndarray | None  # [T, N, G*H] 1.0 where clip let the pre-activation through (None: no clip)
     gates: np.ndarray  # [T, N, G*H] activation outputs
     h: np.ndarray  # [T+1, N, H]
     c: np.ndarray | None  # [T+1, N, H] (LSTM)
     extra: np.ndarray | None  # GRU: [T, N, H] r*h (linear_before_reset=0) or h R_h^T + Rb_h (=1); LSTM: h(c)
+
+
+def needs_pre(acts: Sequence[Sequence[Act]]) -> bool:
+    """Whether a trace keeps the gates' pre-activations: the slope of an activation other than sigmoid and tanh
+    reads its input, theirs read their output (h's activation reads the cell state, which the trace keeps)."""
+    return any(a.name not in ("sigmoid", "tanh") for per_dir in acts for a in per_dir[:2])
+
+
+def trace_blocks(
+    op: str, t_len: int, n: int, hidden: int, *, pre: bool, clip: bool
+) -> list[tuple[str, tuple[int, ...]]]:
+    """The blocks of one direction's trace, in order (name, shape): the trace is their flat concatenation, one
+    row [D, size] per direction (the training-mode forward's last output, read by the fused backward)."""
+    gh = GATES[op] * hidden
+    blocks = [("gates", (t_len, n, gh))]
+    if pre:
+        blocks.append(("a", (t_len, n, gh)))
+    if clip:
+        blocks.append(("kept", (t_len, n, gh)))
+    blocks.append(("h", (t_len + 1, n, hidden)))
+    if op == "LSTM":
+        blocks.append(("c", (t_len + 1, n, hidden)))
+    if op != "RNN":
+        blocks.append(("extra", (t_len, n, hidden)))
+    return blocks
+
+
+def trace_size(op: str, t_len: int, n: int, hidden: int, *, pre: bool, clip: bool) -> int:
+    return sum(int(np.prod(s)) for _, s in trace_blocks(op, t_len, n, hidden, pre=pre, clip=clip))
+
+
+def _spec_blocks(spec: Spec) -> list[tuple[str, tuple[int, ...]]]:
+    t_len, n, _ = spec.x.shape
+    pre = needs_pre(spec.acts)
+    return trace_blocks(spec.op, t_len, n, spec.hidden, pre=pre, clip=spec.clip is not None)
+
+
+def carve(spec: Spec, row: np.ndarray) -> Trace:
+    """One direction's trace row [size] -> its Trace of views."""
+    views: dict[str, np.ndarray | None] = {"a": None, "kept": None, "c": None, "extra": None}
+    at = 0
+    for name, shape in _spec_blocks(spec):
+        size = int(np.prod(shape))
+        views[name] = row[at : at + size].reshape(shape)
+        at += size
+    assert at == row.shape[0], (at, row.shape)
+    return Trace(**views)  # type: ignore[arg-type]
+
+
+def new_trace_shape(spec: Spec) -> tuple[int, int]:
+    return spec.directions, sum(int(np.prod(s)) for _, s in _spec_blocks(spec))
+
+
+def new_trace(spec: Spec) -> np.ndarray:
+    """An empty trace [D, size] for spec."""
+    return np.empty(new_trace_shape(spec), spec.x.dtype)
 
 
 def _clip(spec: Spec, a: np.ndarray, kept: np.ndarray | None) -> None:
@@ -427,97 +497,140 @@ def _initial(spec: Spec, v: np.ndarray | None, d: int) -> np.ndarray:
     return v[d]
 
 
-def run_direction(
-    spec: Spec, d: int, keep: bool
-) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, Trace | None]:
-    """Direction d: (Y [T, N, H] in time order, final h [N, H], final c or None, the trace when keep)."""
+def _projection(spec: Spec, d: int) -> np.ndarray:
+    """Direction d's input projection of all steps (processing order), biases added: [T, N, G*H], one GEMM."""
     x = _steps_in(spec, d, spec.x)
     t_len, n, _ = x.shape
-    hs, op = spec.hidden, spec.op
-    g = GATES[op]
-    dt = x.dtype
+    hs = spec.hidden
     wb, rb = _bias(spec, d)
-    w, r = spec.w[d], spec.r[d]
-    xw = np.dot(x.reshape(t_len * n, -1), w.T).reshape(t_len, n, g * hs)
+    xw = np.dot(x.reshape(t_len * n, -1), spec.w[d].T).reshape(t_len, n, GATES[spec.op] * hs)
     xw += wb
-    if op != "GRU":
+    if spec.op != "GRU":
         xw += rb  # GRU's h gate adds Rb_h inside the reset (linear_before_reset) or after R: added per step
     else:
         xw[..., : 2 * hs] += rb[: 2 * hs]
+    return xw
+
+
+class _Bufs:
+    """Where direction d's forward writes each step: into the trace's rows when it keeps one (no copies), else
+    into Y and a few scratch buffers reused from step to step."""
+
+    def __init__(self, spec: Spec, d: int, y: np.ndarray, tr: Trace | None):
+        t_len, n, _ = spec.x.shape
+        hs, op, dt = spec.hidden, spec.op, spec.x.dtype
+        gh = GATES[op] * hs
+        self.tr, self.y = tr, y
+        self.masked = spec.lens is not None
+        self.a = np.empty((n, gh), dt) if tr is None or tr.a is None else None
+        self.g = np.empty((n, gh), dt) if tr is None else None
+        self.kept = None if tr is None else tr.kept
+        self.states = None
+        if tr is None:  # h (and c): two rows each, step t reads one and writes the other
+            self.states = np.empty((2, 2 if op == "LSTM" else 1, n, hs), dt)
+        self.ex = np.empty((n, hs), dt) if tr is None and op != "RNN" else None
+        self.h_new = np.empty((n, hs), dt) if self.masked else None
+        self.c_new = np.empty((n, hs), dt) if self.masked and op == "LSTM" else None
+
+    def step(self, t: int):
+        """(a, gates, kept, ex) of step t."""
+        tr = self.tr
+        if tr is None:
+            return self.a, self.g, None, self.ex
+        a = tr.a[t] if tr.a is not None else self.a
+        return (
+            a,
+            tr.gates[t],
+            None if tr.kept is None else tr.kept[t],
+            None if tr.extra is None else tr.extra[t],
+        )
+
+    def state_out(self, t: int):
+        """(h, c) buffers the states after step t go into (c None for GRU/RNN)."""
+        if self.tr is not None:
+            h, c = self.tr.h[t + 1], None if self.tr.c is None else self.tr.c[t + 1]
+        else:
+            s = self.states[(t + 1) % 2]
+            h, c = (s[0], s[1] if s.shape[0] > 1 else None)
+            if not self.masked:
+                h = self.y[t]  # the state is Y's row: written once
+        return h, c
+
+    def new(self, h_out, c_out):
+        """Where a step writes its new h and c: masked steps compute into scratch, then select."""
+        if self.masked:
+            return self.h_new, self.c_new
+        return h_out, c_out
+
+
+def run_direction(
+    spec: Spec, d: int, y: np.ndarray, tr: Trace | None = None
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Direction d's forward: Y [T, N, H] (processing order) into y, its trace into tr when given; returns the
+    final (h, c or None). The per-step work writes where its result stays (the trace's rows, or Y's)."""
+    t_len, n, _ = spec.x.shape
+    op = spec.op
+    xw = _projection(spec, d)
     mask = _mask(spec)
     mask = None if mask is None else _steps_in(spec, d, mask)
-    h = _initial(spec, spec.h0, d).astype(dt, copy=True)
-    c = _initial(spec, spec.c0, d).astype(dt, copy=True) if op == "LSTM" else None
-    acts = spec.acts[d]
-    y = np.empty((t_len, n, hs), dt)
-    tr = None
-    if keep:
-        tr = Trace(
-            a=np.empty((t_len, n, g * hs), dt),
-            kept=np.empty((t_len, n, g * hs), bool) if spec.clip is not None else None,
-            gates=np.empty((t_len, n, g * hs), dt),
-            h=np.empty((t_len + 1, n, hs), dt),
-            c=np.empty((t_len + 1, n, hs), dt) if op == "LSTM" else None,
-            extra=np.empty((t_len, n, hs), dt) if op != "RNN" else None,
-        )
+    h = _initial(spec, spec.h0, d).astype(spec.x.dtype, copy=False)
+    c = _initial(spec, spec.c0, d).astype(spec.x.dtype, copy=False) if op == "LSTM" else None
+    bufs = _Bufs(spec, d, y, tr)
+    if tr is not None:
         tr.h[0] = h
         if c is not None:
             tr.c[0] = c
+    _, rb = _bias(spec, d)
     p = spec.p[d] if spec.p is not None else None
+    r = spec.r[d]
     r_t = r.T
-    scratch_a = np.empty((n, g * hs), dt) if tr is None else None
-    scratch_g = np.empty((n, g * hs), dt) if tr is None else None
+    acts = spec.acts[d]
     for t in range(t_len):
-        a = tr.a[t] if tr is not None else scratch_a
-        gates = tr.gates[t] if tr is not None else scratch_g
+        a, gates, kept, ex = bufs.step(t)
+        h_out, c_out = bufs.state_out(t)
+        h_new, c_new = bufs.new(h_out, c_out)
         if op == "GRU":
             a[...] = xw[t]
+            _gru_step(spec, a, h, r, rb, acts, kept, gates, ex, h_new)
         else:
             np.dot(h, r_t, out=a)
             a += xw[t]
-        kept = tr.kept[t] if tr is not None and tr.kept is not None else None
-        if op == "RNN":
-            _clip(spec, a, kept)
-            h_new = acts[0](a, gates).copy()
-        elif op == "LSTM":
-            h_new, c_new, hc = _lstm_step(spec, a, c, p, acts, kept, gates)
-        else:
-            h_new, ex = _gru_step(spec, a, h, r, rb, acts, kept, gates)
+            if op == "RNN":
+                _clip(spec, a, kept)
+                acts[0](a, gates)
+                h_new[...] = gates
+            else:
+                _lstm_step(spec, a, c, p, acts, kept, gates, c_new, ex, h_new)
         if mask is not None:
-            m = mask[t]
-            y[t] = np.where(m, h_new, 0)
-            h = np.where(m, h_new, h)
-            if op == "LSTM":
-                c = np.where(m, c_new, c)
-        else:
-            y[t] = h_new
-            h = h_new
-            if op == "LSTM":
-                c = c_new
-        if tr is not None:
-            tr.h[t + 1] = h
-            if op == "LSTM":
-                tr.c[t + 1] = c
-                tr.extra[t] = hc
-            elif op == "GRU":
-                tr.extra[t] = ex
-    return _steps_out(spec, d, y), h, c, tr
+            m = mask[t]  # past its length, a sample's Y is 0 and its state stays
+            y[t] = 0
+            np.copyto(y[t], h_new, where=m)
+            np.copyto(h_out, h)
+            np.copyto(h_out, h_new, where=m)
+            if c_out is not None:
+                np.copyto(c_out, c)
+                np.copyto(c_out, c_new, where=m)
+        h, c = h_out, c_out
+    if mask is None and tr is not None:  # Y is the trace's h[1:]: one copy
+        y[...] = tr.h[1:]
+    return h.copy(), None if c is None else c.copy()
 
 
-def _lstm_step(spec, a, c, p, acts, kept, gates):
-    """One LSTM step on a = X W^T + H R^T + biases [N, 4H] (gates i, o, f, c), in place; gate values into gates.
-    Returns (h, c, h_act(c))."""
+def _lstm_step(spec, a, c, p, acts, kept, gates, c_new, hc, h_new):
+    """One LSTM step on a = X W^T + H R^T + biases [N, 4H] (gates i, o, f, c), in place; gate values into gates,
+    the new cell state into c_new, h_act(c_new) into hc and the new h into h_new."""
     hs = spec.hidden
     f_act, g_act, h_act = acts
     if p is None:  # i, o and f side by side: one clip, one activation
         _clip(spec, a, kept)
         f_act(a[:, : 3 * hs], gates[:, : 3 * hs])
-        gi, go, gf = gates[:, :hs], gates[:, hs : 2 * hs], gates[:, 2 * hs : 3 * hs]
+        gi, gf = gates[:, :hs], gates[:, 2 * hs : 3 * hs]
         if spec.input_forget:
             np.subtract(1, gi, out=gf)
         gc = g_act(a[:, 3 * hs :], gates[:, 3 * hs :])
-        c_new = gf * c
-        c_new += gi * gc
+        np.multiply(gf, c, out=c_new)
+        np.multiply(gi, gc, out=h_new)  # h_new as scratch until the last line
+        c_new += h_new
     else:
         ai, ao, af, ac = a[:, :hs], a[:, hs : 2 * hs], a[:, 2 * hs : 3 * hs], a[:, 3 * hs :]
         ai += p[:hs] * c
@@ -535,27 +648,28 @@ def _lstm_step(spec, a, c, p, acts, kept, gates):
         else:
             f_act(af, gf)
         gc = g_act(ac, gates[:, 3 * hs :])
-        c_new = gf * c + gi * gc
+        np.multiply(gf, c, out=c_new)
+        c_new += gi * gc
         ao += p[hs : 2 * hs] * c_new
         if spec.clip is not None:
             if kept is not None:
                 np.less_equal(np.abs(ao), spec.clip, out=kept[:, hs : 2 * hs])
             np.clip(ao, -spec.clip, spec.clip, out=ao)
-        go = f_act(ao, gates[:, hs : 2 * hs])
-    hc = h_act(c_new)
-    return go * hc, c_new, hc
+        f_act(ao, gates[:, hs : 2 * hs])
+    h_act(c_new, hc)
+    np.multiply(gates[:, hs : 2 * hs], hc, out=h_new)
 
 
-def _gru_step(spec, a, h, r, rb, acts, kept, gates):
+def _gru_step(spec, a, h, r, rb, acts, kept, gates, ex, h_new):
     """One GRU step; a holds X W^T + Wb (+ Rb for z and r) [N, 3H] (gates z, r, h), updated in place; gate values
-    into gates. Returns (h, the value R_h reads: r*h, or h R_h^T + Rb_h with linear_before_reset)."""
+    into gates, the value R_h reads (r*h, or h R_h^T + Rb_h with linear_before_reset) into ex, the new h into
+    h_new."""
     hs = spec.hidden
     f_act, g_act = acts
     if spec.linear_before_reset:  # one product against all of R
         hr = np.dot(h, r.T)
         a[:, : 2 * hs] += hr[:, : 2 * hs]
-        ex = hr[:, 2 * hs :]
-        ex += rb[2 * hs :]  # h R_h^T + Rb_h
+        np.add(hr[:, 2 * hs :], rb[2 * hs :], out=ex)  # h R_h^T + Rb_h
     else:
         a[:, : 2 * hs] += np.dot(h, r[: 2 * hs].T)
     azr, ah = a[:, : 2 * hs], a[:, 2 * hs :]
@@ -568,7 +682,7 @@ def _gru_step(spec, a, h, r, rb, acts, kept, gates):
     if spec.linear_before_reset:
         ah += rr * ex
     else:
-        ex = rr * h
+        np.multiply(rr, h, out=ex)
         ah += np.dot(ex, r[2 * hs :].T)
         ah += rb[2 * hs :]
     if spec.clip is not None:
@@ -576,31 +690,31 @@ def _gru_step(spec, a, h, r, rb, acts, kept, gates):
             np.less_equal(np.abs(ah), spec.clip, out=kept[:, 2 * hs :])
         np.clip(ah, -spec.clip, spec.clip, out=ah)
     hh = g_act(ah, gates[:, 2 * hs :])
-    h_new = h - hh  # (1 - z) * hh + z * h = hh + z * (h - hh)
+    np.subtract(h, hh, out=h_new)  # (1 - z) * hh + z * h = hh + z * (h - hh)
     h_new *= z
     h_new += hh
-    return h_new, ex
 
 
-def forward(spec: Spec, noutputs: int, keep: bool = False):
-    """(Y, Y_h[, Y_c]) in the node's layout, and the traces of each direction when keep."""
+def forward(spec: Spec, noutputs: int, trace: np.ndarray | None = None):
+    """(Y, Y_h[, Y_c]) in the node's layout; each direction's trace written into trace [D, size] when given."""
     t_len, n, _ = spec.x.shape
     nd, hs = spec.directions, spec.hidden
     dt = spec.x.dtype
     y = np.empty((t_len, nd, n, hs), dt)
     yh = np.empty((nd, n, hs), dt)
     yc = np.empty((nd, n, hs), dt)
-    traces = []
+    y_d = np.empty((t_len, n, hs), dt)
     for d in range(nd):
-        y[:, d], yh[d], c, tr = run_direction(spec, d, keep)
+        tr = None if trace is None else carve(spec, trace[d])
+        yh[d], c = run_direction(spec, d, y_d, tr)
+        y[:, d] = _steps_out(spec, d, y_d)
         if c is not None:
             yc[d] = c
-        traces.append(tr)
     if spec.layout == 1:
         y, yh, yc = y.transpose(2, 0, 1, 3), yh.transpose(1, 0, 2), yc.transpose(1, 0, 2)
         y, yh, yc = np.ascontiguousarray(y), np.ascontiguousarray(yh), np.ascontiguousarray(yc)
     outs = (y, yh, yc) if spec.op == "LSTM" else (y, yh)
-    return outs[: max(1, noutputs)], traces
+    return outs[: max(1, noutputs)]
 
 
 # ---------------------------------------------------------------------------------------------------- the kernels
@@ -619,9 +733,14 @@ def _run_forward(
     **attrs,
 ):
     """The kernels' shared body: their parameters (a kernel passes its locals()) -> the outputs asked for."""
+    train = op.endswith("Train")
+    op = op[: -len("Train")] if train else op
     spec = make_spec(op, X, W, R, B, sequence_lens, initial_h, initial_c, P, **attrs)
-    outs, _ = forward(spec, noutputs)
-    return outs if len(outs) > 1 else outs[0]
+    if not train:
+        outs = forward(spec, noutputs)
+        return outs if len(outs) > 1 else outs[0]
+    trace = new_trace(spec)
+    return (*forward(spec, N_STATES[op] + 1, trace), trace)
 
 
 def _run_backward(
@@ -638,12 +757,13 @@ def _run_backward(
     dY=None,
     dY_h=None,
     dY_c=None,
+    trace=None,
     noutputs: int = 1,
     **attrs,
 ):
     """The fused backward ops' shared body: their parameters (a kernel passes its locals()) -> the gradients."""
     spec = make_spec(op, X, W, R, B, sequence_lens, initial_h, initial_c, P, **attrs)
-    return backward(spec, dY, dY_h, dY_c, noutputs)
+    return backward(spec, dY, dY_h, dY_c, noutputs, trace)
 
 
 @kernel("LSTM")
@@ -724,10 +844,16 @@ def _seed(spec: Spec, v: np.ndarray | None, kind: str) -> np.ndarray | None:
     return v
 
 
-def backward(spec: Spec, dy, dyh, dyc, noutputs: int):
+def backward(spec: Spec, dy, dyh, dyc, noutputs: int, trace: np.ndarray | None = None):
     """Gradients (dX, dW, dR, dB, d initial_h[, d initial_c, dP]) of a recurrent node, in its layout; the
-    first noutputs of them."""
-    _, traces = forward(spec, 3, keep=True)
+    first noutputs of them. trace: the training-mode forward's (LSTMTrain, ...); without it, the forward runs
+    again to make one."""
+    if trace is None:
+        trace = new_trace(spec)
+        forward(spec, 3, trace)
+    else:
+        trace = _checked_trace(spec, trace)
+    traces = [carve(spec, trace[d]) for d in range(spec.directions)]
     dy, dyh, dyc = _seed(spec, dy, "Y"), _seed(spec, dyh, "h"), _seed(spec, dyc, "h")
     t_len, n, i_size = spec.x.shape
     nd, hs, g = spec.directions, spec.hidden, GATES[spec.op]
@@ -761,6 +887,17 @@ def backward(spec: Spec, dy, dyh, dyc, noutputs: int):
     if spec.op == "LSTM":
         outs += [np.ascontiguousarray(dc0), dp]
     return tuple(outs[:noutputs]) if noutputs > 1 else outs[0]
+
+
+def _checked_trace(spec: Spec, trace) -> np.ndarray:
+    trace = np.asarray(trace)
+    want = new_trace_shape(spec)
+    if trace.shape != want or trace.dtype != spec.x.dtype:
+        raise ShapeError(
+            f"{spec.op}Grad: input trace is {trace.dtype} {tuple(trace.shape)}; the {spec.op}Train node of these "
+            f"inputs and attributes writes {spec.x.dtype} {want}"
+        )
+    return trace
 
 
 def _back_through_time(
@@ -849,11 +986,12 @@ def _slopes(spec: Spec, tr: Trace, d: int) -> np.ndarray:
     for all steps at once."""
     hs, op = spec.hidden, spec.op
     acts = spec.acts[d]
-    s = np.empty_like(tr.a)
+    s = np.empty_like(tr.gates)
     k = {"RNN": 1, "LSTM": 3, "GRU": 2}[op] * hs  # the gates the first activation applies to
-    s[..., :k] = acts[0].slope(tr.a[..., :k], tr.gates[..., :k])
+    a = tr.a
+    acts[0].slope(None if a is None else a[..., :k], tr.gates[..., :k], out=s[..., :k])
     if op != "RNN":
-        s[..., k:] = acts[1].slope(tr.a[..., k:], tr.gates[..., k:])
+        acts[1].slope(None if a is None else a[..., k:], tr.gates[..., k:], out=s[..., k:])
     if tr.kept is not None:
         s *= tr.kept
     return s
@@ -921,8 +1059,9 @@ def _gru_back(spec: Spec, tr: Trace, t: int, dh_new, r, da, s, extra_grad):
     return dh_prev
 
 
-# LSTMGrad(X, W, R, B, sequence_lens, initial_h, initial_c, P, dY, dY_h, dY_c) -> dX, dW, dR, dB, d initial_h,
-# d initial_c, dP (the LSTM's attributes); an omitted seed is a zero gradient.
+# LSTMGrad(X, W, R, B, sequence_lens, initial_h, initial_c, P, dY, dY_h, dY_c[, trace]) -> dX, dW, dR, dB,
+# d initial_h, d initial_c, dP (the LSTM's attributes); an omitted seed is a zero gradient; trace: LSTMTrain's
+# last output (without it, the kernel runs the forward again).
 def _backward_shapes(node: Node, infos: list[TensorInfo | None]) -> list[TensorInfo | None]:
     """LSTMGrad, GRUGrad, RNNGrad: the gradients of X, W, R, B, initial_h (and initial_c, P), each of its input's
     shape; B, initial_h (initial_c, P) of their default shape when the node has no such input."""
@@ -955,6 +1094,7 @@ def lstm_grad(
     dY=None,
     dY_h=None,
     dY_c=None,
+    trace=None,
     *,
     activation_alpha=None,
     activation_beta=None,
@@ -969,7 +1109,7 @@ def lstm_grad(
     return _run_backward("LSTM", **locals())
 
 
-# GRUGrad(X, W, R, B, sequence_lens, initial_h, dY, dY_h) -> dX, dW, dR, dB, d initial_h
+# GRUGrad(X, W, R, B, sequence_lens, initial_h, dY, dY_h[, trace]) -> dX, dW, dR, dB, d initial_h
 @kernel("GRUGrad", domain=PRIVATE_DOMAIN, shape=_backward_shapes)
 def gru_grad(
     X,
@@ -980,6 +1120,7 @@ def gru_grad(
     initial_h=None,
     dY=None,
     dY_h=None,
+    trace=None,
     *,
     activation_alpha=None,
     activation_beta=None,
@@ -994,7 +1135,7 @@ def gru_grad(
     return _run_backward("GRU", **locals())
 
 
-# RNNGrad(X, W, R, B, sequence_lens, initial_h, dY, dY_h) -> dX, dW, dR, dB, d initial_h
+# RNNGrad(X, W, R, B, sequence_lens, initial_h, dY, dY_h[, trace]) -> dX, dW, dR, dB, d initial_h
 @kernel("RNNGrad", domain=PRIVATE_DOMAIN, shape=_backward_shapes)
 def rnn_grad(
     X,
@@ -1005,6 +1146,7 @@ def rnn_grad(
     initial_h=None,
     dY=None,
     dY_h=None,
+    trace=None,
     *,
     activation_alpha=None,
     activation_beta=None,
@@ -1016,3 +1158,96 @@ def rnn_grad(
     noutputs: int = 1,
 ):
     return _run_backward("RNN", **locals())
+
+
+# ---------------------------------------------------------------------------------------------------- training mode
+# LSTMTrain (LSTM's inputs and attributes) -> Y, Y_h, Y_c, trace; GRUTrain / RNNTrain -> Y, Y_h, trace. The forward
+# of the training step where a backward reads it: the op's outputs (all of them, whichever the graph reads) and
+# each direction's trace [D, size] (trace_blocks: gates, states, ...), which the fused backward reads instead of
+# running the forward again.
+def _train_shapes(node: Node, infos: list[TensorInfo | None]) -> list[TensorInfo | None]:
+    op = node.op_type[: -len("Train")]
+    x, r = infos[0], infos[2]
+    d, hidden = r.shape[0], r.shape[2]
+    batch_first = bool(int(node.attrs.get("layout", 0)))
+    t_len, batch = (x.shape[1], x.shape[0]) if batch_first else (x.shape[0], x.shape[1])
+    y = (batch, t_len, d, hidden) if batch_first else (t_len, d, batch, hidden)
+    state = (batch, d, hidden) if batch_first else (d, batch, hidden)
+    acts = resolve_activations(
+        op,
+        DEFAULT_ACTS[op],
+        d,
+        node.attrs.get("activations"),
+        node.attrs.get("activation_alpha"),
+        node.attrs.get("activation_beta"),
+    )
+    size = trace_size(op, t_len, batch, hidden, pre=needs_pre(acts), clip=node.attrs.get("clip") is not None)
+    shapes = [y] + [state] * N_STATES[op] + [(d, size)]
+    return [TensorInfo(x.dtype, s) for s in shapes]
+
+
+@kernel("LSTMTrain", domain=PRIVATE_DOMAIN, shape=_train_shapes)
+def lstm_train(
+    X,
+    W,
+    R,
+    B=None,
+    sequence_lens=None,
+    initial_h=None,
+    initial_c=None,
+    P=None,
+    *,
+    activation_alpha=None,
+    activation_beta=None,
+    activations=None,
+    clip=None,
+    direction="forward",
+    hidden_size=None,
+    input_forget=0,
+    layout=0,
+    noutputs: int = 1,
+):
+    return _run_forward("LSTMTrain", **locals())
+
+
+@kernel("GRUTrain", domain=PRIVATE_DOMAIN, shape=_train_shapes)
+def gru_train(
+    X,
+    W,
+    R,
+    B=None,
+    sequence_lens=None,
+    initial_h=None,
+    *,
+    activation_alpha=None,
+    activation_beta=None,
+    activations=None,
+    clip=None,
+    direction="forward",
+    hidden_size=None,
+    layout=0,
+    linear_before_reset=0,
+    noutputs: int = 1,
+):
+    return _run_forward("GRUTrain", **locals())
+
+
+@kernel("RNNTrain", domain=PRIVATE_DOMAIN, shape=_train_shapes)
+def rnn_train(
+    X,
+    W,
+    R,
+    B=None,
+    sequence_lens=None,
+    initial_h=None,
+    *,
+    activation_alpha=None,
+    activation_beta=None,
+    activations=None,
+    clip=None,
+    direction="forward",
+    hidden_size=None,
+    layout=0,
+    noutputs: int = 1,
+):
+    return _run_forward("RNNTrain", **locals())

@@ -1,19 +1,33 @@
-"""Gradient rules of LSTM, GRU and RNN, and the standard-op bodies of their fused backward ops.
+"""Gradient rules of LSTM, GRU and RNN, and the standard-op bodies of their fused ops.
 
 The rule emits one fused node (LSTMGrad, GRUGrad, RNNGrad: back-propagation through time in numpy, see
 edgetrain.core.kernels.recurrent). Its body, for any other ONNX runtime, is the recurrence unrolled over the
 static sequence length into standard ops (one MatMul of all steps' inputs, then per step a MatMul against R, the
 gates, the masks of sequence_lens) followed by the gradient rules of those ops: the same derivative, built from
 rules that are each checked on their own, so the body is an independent second implementation of the kernel.
+
+With the fast path "recurrent-trace" on (edgetrain.core.fastpaths), the rule also swaps the forward node for its
+training-mode forward (LSTMTrain, GRUTrain, RNNTrain): the same outputs plus the trace of every step (gates,
+states), which the fused backward reads instead of running the forward again. Its body is the standard op for the
+outputs and the unrolled recurrence for the trace; the backward's body recomputes (it ignores the trace).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from edgetrain.core import fastpaths
 from edgetrain.core.ir import Node
-from edgetrain.core.kernels.recurrent import DEFAULT_ACTS, DIRECTIONS, GATES, Act, resolve_activations
-from edgetrain.core.ops import PRIVATE_DOMAIN
+from edgetrain.core.kernels.recurrent import (
+    DEFAULT_ACTS,
+    DIRECTIONS,
+    GATES,
+    Act,
+    needs_pre,
+    resolve_activations,
+    trace_blocks,
+)
+from edgetrain.core.ops import PRIVATE_DOMAIN, record
 from edgetrain.derive.autodiff.context import GradContext
 from edgetrain.derive.autodiff.driver import backprop
 from edgetrain.derive.autodiff.registry import body, grad
@@ -28,6 +42,7 @@ GRAD_INPUTS = {
 }
 N_INPUTS = {"LSTM": 8, "GRU": 6, "RNN": 6}
 N_OUTPUTS = {"LSTM": 3, "GRU": 2, "RNN": 2}
+TRACE = "recurrent-trace"  # the fast path: the backward reads the training-mode forward's trace
 
 
 # (Y, Y_h[, Y_c]) = recurrence(X, W, R, B, sequence_lens, initial_h[, initial_c, P]): every gradient from one
@@ -41,7 +56,8 @@ def recurrent_grad(g: GradContext, node: Node, dys: Grads, needs: list[bool]) ->
     wanted = [k < len(needs) and needs[k] for k in GRAD_INPUTS[op]]
     last = max(j for j, w in enumerate(wanted) if w)
     names = [g.b.fresh(f"{node.name}_grad_{j}") if w else "" for j, w in enumerate(wanted[: last + 1])]
-    inputs = ins + seeds
+    trace = _train_forward(g, node) if fastpaths.enabled(TRACE) else ""
+    inputs = ins + seeds + [trace]
     while inputs and not inputs[-1]:
         inputs.pop()
     g.b.add(
@@ -58,6 +74,25 @@ def recurrent_grad(g: GradContext, node: Node, dys: Grads, needs: list[bool]) ->
         if name and k < len(out):
             out[k] = name
     return out
+
+
+def _train_forward(g: GradContext, node: Node) -> str:
+    """Swaps node (in g's graph) for its training-mode forward, which writes the same outputs and the trace;
+    returns the trace's name ("" when node is not in g's graph: the backward then recomputes)."""
+    nodes = g.graph.nodes
+    at = next((k for k, n in enumerate(nodes) if n is node), None)
+    if at is None:
+        return ""
+    op = node.op_type
+    trace = g.b.fresh(f"{node.name or op}_trace")
+    outputs = list(node.outputs) + [""] * (N_OUTPUTS[op] - len(node.outputs)) + [trace]
+    train = Node(
+        f"{op}Train", node.inputs, tuple(outputs), dict(node.attrs), name=node.name, domain=PRIVATE_DOMAIN
+    )
+    infos = [g.info(i) if i else None for i in node.inputs]
+    g.graph.values[trace] = record(train.op_type).shape(train, infos)[-1]
+    nodes[at] = train
+    return trace
 
 
 # ---------------------------------------------------------------------------------------------------- the body
@@ -90,13 +125,16 @@ def _act(g: GradContext, act: Act, x: str) -> str:
 class _Unrolled:
     """The forward of one recurrent node unrolled into standard ops over its static sequence length."""
 
-    def __init__(self, g: GradContext, node: Node):
-        op = node.op_type[: -len("Grad")]
+    def __init__(self, g: GradContext, node: Node, *, traced: bool = False):
+        op = node.op_type.removesuffix("Grad").removesuffix("Train")
         self.g, self.op, self.attrs = g, op, node.attrs
         ins = list(node.inputs) + [""] * (N_INPUTS[op] + N_OUTPUTS[op] - len(node.inputs))
         self.x, self.w, self.r, self.b, self.lens, self.h0 = ins[:6]
         self.c0, self.p = (ins[6], ins[7]) if op == "LSTM" else ("", "")
-        self.seeds = ins[N_INPUTS[op] :]
+        self.seeds = ins[N_INPUTS[op] : N_INPUTS[op] + N_OUTPUTS[op]]  # a Grad node's trace input is not read
+        self.steps: list[list[dict]] | None = (
+            [] if traced else None
+        )  # per direction, per step: the trace's parts
         self.direction = self.attrs.get("direction", "forward")
         self.direction = self.direction.decode() if isinstance(self.direction, bytes) else self.direction
         self.nd = DIRECTIONS[self.direction]
@@ -172,14 +210,19 @@ class _Unrolled:
         r_t = g.op("Transpose", r, perm=[1, 0])
         steps = range(self.t_len - 1, -1, -1) if reverse and not by_length else range(self.t_len)
         ys: dict[int, str] = {}
+        if self.steps is not None:
+            self.steps.append([])
         for k, t in enumerate(steps):
             a = g.op("Gather", xw, g.const(t, "int64", hint="t"), axis=0)  # [N, G*H]
+            self.step = {"h": h, "c": c, "gates": [], "a": [], "kept": []}
             if op == "LSTM":
                 h_new, c_new = self._lstm(a, h, c, r_t, p, d)
             elif op == "GRU":
                 h_new, c_new = self._gru(a, h, r, rb_h, d), None
             else:
-                h_new, c_new = self._act(d, 0, self._clip(g.op("Add", a, g.op("MatMul", h, r_t)))), None
+                h_new, c_new = self._gate(d, 0, g.op("Add", a, g.op("MatMul", h, r_t))), None
+            if self.steps is not None:
+                self.steps[-1].append(self.step)
             if self.lens64:
                 # processing step k of a sample is within its length when k < length (its steps are in order)
                 m = g.op("Unsqueeze", g.op("Less", g.const(k, "int64", hint="t"), self.lens64), g.ints([1]))
@@ -189,6 +232,8 @@ class _Unrolled:
             else:
                 ys[t] = h = h_new
                 c = c_new
+        if self.steps is not None:
+            self.steps[-1].append({"h": h, "c": c})  # the states after the last step
         y = g.op("Concat", *[g.op("Unsqueeze", ys[t], g.ints([0])) for t in range(self.t_len)], axis=0)
         if by_length:
             y = g.op("ReverseSequence", y, self.lens64, batch_axis=1, time_axis=0)
@@ -203,6 +248,24 @@ class _Unrolled:
     def _act(self, d: int, k: int, x: str) -> str:
         return _act(self.g, self.acts[d][k], x)
 
+    def _gate(self, d: int, k: int, a: str) -> str:
+        """act(clip(a)) of one gate, its parts kept for the trace (gate value, clipped pre-activation, clip mask)."""
+        clipped = self._clip(a)
+        value = self._act(d, k, clipped)
+        self._keep(a, clipped, value)
+        return value
+
+    def _keep(self, a: str, clipped: str, value: str) -> None:
+        if self.steps is None:
+            return
+        step = self.step
+        step["gates"].append(value)
+        step["a"].append(clipped)
+        if self.clip is not None:
+            g, lim = self.g, float(np.float32(self.clip))
+            kept = g.op("LessOrEqual", g.op("Abs", a), g.scalar_like(lim, a))
+            step["kept"].append(g.op("Cast", kept, to=_ONNX_FLOAT[g.dtype(a).name]))
+
     def _lstm(self, a: str, h: str, c: str, r_t: str, p: str | None, d: int) -> tuple[str, str]:
         g, hs = self.g, self.hidden
         a = g.op("Add", a, g.op("MatMul", h, r_t))
@@ -211,17 +274,23 @@ class _Unrolled:
             pi, po, pf = g.ops("Split", p, g.ints([hs] * 3, hint="split"), n=3, axis=0)
             ai = g.op("Add", ai, g.op("Mul", pi, c))
             af = g.op("Add", af, g.op("Mul", pf, c))
-        gi = self._act(d, 0, self._clip(ai))
+        gi = self._act(d, 0, ai_c := self._clip(ai))
+        af_c = self._clip(af) if self.steps is not None or not self.attrs.get("input_forget", 0) else af
         if self.attrs.get("input_forget", 0):
             gf = g.op("Sub", g.scalar_like(1.0, gi), gi)
         else:
-            gf = self._act(d, 0, self._clip(af))
-        gc = self._act(d, 1, self._clip(ac))
+            gf = self._act(d, 0, af_c)
+        gc = self._act(d, 1, ac_c := self._clip(ac))
         c_new = g.op("Add", g.op("Mul", gf, c), g.op("Mul", gi, gc))
         if p:
             ao = g.op("Add", ao, g.op("Mul", po, c_new))
-        go = self._act(d, 0, self._clip(ao))
-        return g.op("Mul", go, self._act(d, 2, c_new)), c_new
+        go = self._act(d, 0, ao_c := self._clip(ao))
+        hc = self._act(d, 2, c_new)
+        if self.steps is not None:  # the kernel's gate order: i, o, f, c
+            for a, clipped, value in ((ai, ai_c, gi), (ao, ao_c, go), (af, af_c, gf), (ac, ac_c, gc)):
+                self._keep(a, clipped, value)
+            self.step["extra"] = hc
+        return g.op("Mul", go, hc), c_new
 
     def _gru(self, a: str, h: str, r: str, rb_h: str | None, d: int) -> str:
         g, hs = self.g, self.hidden
@@ -229,20 +298,64 @@ class _Unrolled:
         ax, ah = g.ops("Split", a, g.ints([2 * hs, hs], hint="split"), n=2, axis=1)
         azr = g.op("Add", ax, g.op("MatMul", h, g.op("Transpose", r_zr, perm=[1, 0])))
         az, ar = g.ops("Split", azr, g.ints([hs, hs], hint="split"), n=2, axis=1)
-        z = self._act(d, 0, self._clip(az))
-        rr = self._act(d, 0, self._clip(ar))
+        z = self._gate(d, 0, az)
+        rr = self._gate(d, 0, ar)
         r_h_t = g.op("Transpose", r_h, perm=[1, 0])
         if self.attrs.get("linear_before_reset", 0):
             q = g.op("MatMul", h, r_h_t)
             q = g.op("Add", q, rb_h) if rb_h else q
+            self.step["extra"] = q
             ah = g.op("Add", ah, g.op("Mul", rr, q))
         else:
-            q = g.op("MatMul", g.op("Mul", rr, h), r_h_t)
+            self.step["extra"] = rh = g.op("Mul", rr, h)
+            q = g.op("MatMul", rh, r_h_t)
             q = g.op("Add", q, rb_h) if rb_h else q
             ah = g.op("Add", ah, q)
-        hh = self._act(d, 1, self._clip(ah))
+        hh = self._gate(d, 1, ah)
         # (1 - z) * hh + z * h
         return g.op("Add", g.op("Mul", g.op("Sub", g.scalar_like(1.0, z), z), hh), g.op("Mul", z, h))
+
+
+_ONNX_FLOAT = {"float16": 10, "float32": 1, "float64": 11}
+
+
+@body("LSTMTrain", "GRUTrain", "RNNTrain")
+def _recurrent_train_body(g: GradContext, node: Node) -> list[str]:
+    """The standard op's outputs, and the trace built by the recurrence unrolled (blocks as the kernel's)."""
+    op = node.op_type.removesuffix("Train")
+    inputs = list(node.inputs)
+    while inputs and not inputs[-1]:
+        inputs.pop()
+    outs = g.ops(op, *inputs, n=N_OUTPUTS[op], **node.attrs)
+    u = _Unrolled(g, node, traced=True)
+    u.build()
+    return outs + [_trace(u)]
+
+
+def _trace(u: _Unrolled) -> str:
+    """The trace [D, size] from the unrolled recurrence's steps: per direction, each block of
+    edgetrain.core.kernels.recurrent.trace_blocks flattened, the blocks end to end."""
+    g, rows = u.g, []
+    blocks = trace_blocks(u.op, u.t_len, u.n, u.hidden, pre=needs_pre(u.acts), clip=u.clip is not None)
+    for steps in u.steps:
+        flat = []
+        for name, _ in blocks:
+            if name in ("h", "c"):
+                parts = [s[name] for s in steps]
+            elif name == "extra":
+                parts = [s["extra"] for s in steps[:-1]]
+            else:
+                parts = [
+                    g.op("Concat", *s[name], axis=1) if len(s[name]) > 1 else s[name][0] for s in steps[:-1]
+                ]
+            if not parts:
+                flat.append(g.const(np.zeros(0, g.dtype(u.x)), hint="empty"))
+                continue
+            stacked = g.op("Concat", *[g.op("Unsqueeze", v, g.ints([0])) for v in parts], axis=0)
+            flat.append(g.op("Reshape", stacked, g.ints([-1], hint="shape")))
+        row = g.op("Concat", *flat, axis=0) if len(flat) > 1 else flat[0]
+        rows.append(g.op("Unsqueeze", row, g.ints([0])))
+    return rows[0] if len(rows) == 1 else g.op("Concat", *rows, axis=0)
 
 
 @body("LSTMGrad", "GRUGrad", "RNNGrad")
