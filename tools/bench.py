@@ -1,15 +1,18 @@
-"""Benchmark: edgetrain's training step beside onnxruntime-training 1.19.2 and PyTorch eager (issue 12's judge).
+"""Benchmark: edgetrain's training step beside onnxruntime-training 1.19.2 and PyTorch eager (issue 25's judge).
 Configurations (tools/bench/configs.py) -> docs/benchmarks.md, docs/benchmarks.json and docs/benchmarks.png.
 
     python tools/bench.py [--quick] [--configs NAME|GLOB ...] [--repeats N] [--runtimes ...] [--out DIR] [--name STEM]
 
 Every runtime trains the same ONNX model from the same initial weights on the same batch, 1 thread each, every
 (configuration, runtime) in its own fresh process (tools/bench/worker.py), the runtimes alternated over N rounds.
-onnxruntime-training lives in its own virtual environment (.venv-ort-training, installed on demand: a ~800 MB
-wheel). --quick is the CI smoke run: MLP and LeNet at batch 32, a few steps, edgetrain and PyTorch only, written to
-a temporary folder (or --out), never over docs/. The recurrent sequence classifiers (lstm-*, gru-*, bilstm2-*; no
-issue-12 targets) run only when named, and a run of them alone writes benchmarks-recurrent.* (or --name STEM.*):
-    python tools/bench.py --configs 'lstm*' 'gru*' 'bilstm*' --out docs"""
+edgetrain runs twice, each in its own worker: with SGD momentum 0.9 and weight decay (as PyTorch runs) and with
+plain SGD (as onnxruntime-training 1.19.2, which has nothing else, runs): the like-for-like ratio. onnxruntime-
+training lives in its own virtual environment (.venv-ort-training, installed on demand: a ~800 MB wheel). --quick is
+the CI smoke run: MLP and LeNet at batch 32, a few steps, edgetrain (both optimizers) and PyTorch only, written to a
+temporary folder (or --out), never over docs/. The default run holds every row of issue 25's table: MLP, LeNet, the
+torchvision CNNs, the recurrent classifiers (LSTM, GRU, 2-layer biLSTM), the ViT and the ConvNeXt-style net, full
+and head-only; extras (lstm-b1-full) run when named:
+    python tools/bench.py --configs 'vit*' --repeats 1"""
 
 from __future__ import annotations
 
@@ -50,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     runtimes = available_runtimes(args)
     chosen = without_torch_models(configs.select(args.configs, quick=args.quick))
     out = output_dir(args)
-    stem = args.name or configs.output_stem(chosen)
+    stem = args.name or "benchmarks"
     print(
         f"bench: {len(chosen)} configurations x {'/'.join(runtimes)}, {args.repeats} rounds -> {out}/{stem}.*",
         flush=True,
@@ -82,7 +85,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--configs",
         nargs="+",
         metavar="NAME",
-        help="configuration names or globs (default: issue 12's; the recurrent lstm-*, gru-*, bilstm2-* when named)",
+        help="configuration names or globs (default: issue 25's rows; extras such as lstm-b1-full when named)",
     )
     ap.add_argument(
         "--repeats", type=int, default=None, help="rounds per (configuration, runtime); default 3, 1 quick"
@@ -94,15 +97,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--name",
         metavar="STEM",
-        help="output files' name without extension (default: benchmarks-recurrent when only recurrent "
-        "configurations run, else benchmarks)",
+        help="output files' name without extension (default: benchmarks)",
     )
     ap.add_argument(
         "--ort-venv", type=Path, default=ROOT / ".venv-ort-training", help="onnxruntime-training's venv"
     )
     args = ap.parse_args(argv)
     if args.name is not None and (not args.name or "/" in args.name or args.name.startswith(".")):
-        ap.error("--name is a file name stem, e.g. benchmarks-recurrent")
+        ap.error("--name is a file name stem, e.g. benchmarks-vit")
     if args.repeats is None:
         args.repeats = 1 if args.quick else 3
     if args.repeats < 1:
@@ -112,7 +114,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def available_runtimes(args: argparse.Namespace) -> list[str]:
-    """edgetrain always; PyTorch when installed here; onnxruntime-training unless --quick (its venv is big)."""
+    """edgetrain (with momentum) always, and with plain SGD unless --runtimes leaves it out; PyTorch when installed
+    here; onnxruntime-training unless --quick (its venv is big)."""
     wanted = args.runtimes or [rt for rt in configs.RUNTIMES if not (args.quick and rt == "ort")]
     if "torch" in wanted and importlib.util.find_spec("torch") is None:
         print("bench: PyTorch is not installed here: no PyTorch column", flush=True)
@@ -121,13 +124,14 @@ def available_runtimes(args: argparse.Namespace) -> list[str]:
 
 
 def without_torch_models(chosen: list[configs.Config]) -> list[configs.Config]:
-    """The torchvision and recurrent models come from torch.onnx.export: without PyTorch they cannot be made here."""
+    """The torchvision, recurrent and image models come from torch.onnx.export: without PyTorch they cannot be made
+    here."""
     if importlib.util.find_spec("torch") is not None:
         return chosen
-    kept = [c for c in chosen if c.family not in ("torchvision", "recurrent")]
+    kept = [c for c in chosen if c.family in ("mlp", "lenet")]
     if len(kept) < len(chosen):
         print(
-            "bench: PyTorch is not installed: the torchvision and recurrent configurations are left out",
+            "bench: PyTorch is not installed: only the MLP and LeNet configurations can run",
             flush=True,
         )
     return kept
@@ -199,7 +203,7 @@ def measure(chosen, cases: dict, runtimes: list[str], pythons: dict, *, rounds: 
             for rt in order[k:] + order[:k]:
                 result = run_one(cases[c.name], rt, pythons[rt])
                 runs[c.name].setdefault(rt, []).append(result)
-                print(f"bench: [{r + 1}/{rounds}] {c.name:<24} {rt:<9} {_line(result)}", flush=True)
+                print(f"bench: [{r + 1}/{rounds}] {c.name:<22} {rt:<13} {_line(result)}", flush=True)
     return runs
 
 
@@ -209,6 +213,8 @@ def run_one(case: dict, runtime: str, python: Path) -> dict:
         return {"error": case.get("ort_error", "no onnxruntime-training artifacts")}
     if runtime == "torch" and "torch" not in case:
         return {"error": "no PyTorch module"}
+    if runtime == "edgetrain_sgd" and "edgetrain_sgd" not in case:
+        return {"error": "no plain-SGD artifact"}
     spec = Path(case["x"]).parent / "spec.json"
     spec.write_text(json.dumps({k: v for k, v in case.items() if k != "facts"}))
     cmd = [str(python), str(HERE / "worker.py"), str(spec), runtime]
@@ -243,7 +249,7 @@ def document(
 ) -> dict:
     rows = report.summarize(chosen, cases, runs, gemm)
     return {
-        "schema": 1,
+        "schema": 2,  # 2: edgetrain with plain SGD (runtime "edgetrain_sgd"), issue 25's targets
         "command": args.command,
         "date": datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
         "quick": args.quick,
@@ -256,6 +262,7 @@ def document(
             "momentum": configs.MOMENTUM,
             "weight_decay": configs.WEIGHT_DECAY,
             "ort_optimizer": "plain SGD (no momentum, no weight decay in onnxruntime-training 1.19.2)",
+            "edgetrain_sgd_optimizer": "plain SGD (momentum 0, weight decay 0): the like-for-like peer of ORT",
             "loss": "softmax cross-entropy, mean over the batch",
             "budget_s": configs.BUDGET_S,
             "epoch_samples": configs.EPOCH_SAMPLES,

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from prepare import logits_model
+from prepare import ort_model
 
 VERSION = "1.19.2"  # the last release: the on-device training packages were deprecated in 1.20
 HERE = Path(__file__).resolve().parent
@@ -50,7 +50,7 @@ def generate(python: Path, cases: list[dict], work: Path) -> None:
     jobs = []
     for case in cases:
         d = Path(case["x"]).parent
-        model = logits_model(Path(case["onnx"]), d / "model_logits.onnx")
+        model = ort_model(Path(case["onnx"]), d / "model_ort.onnx")
         jobs.append(
             {
                 "config": case["config"],

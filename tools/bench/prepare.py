@@ -33,14 +33,8 @@ def prepare(c: Config, work: Path, *, with_torch: bool) -> dict[str, Any]:
     np.save(d / "x.npy", x)
     np.save(d / "y.npy", y)
     onnx_head, torch_head = heads
-    art = et.convert(
-        str(model_path),
-        loss=et.CrossEntropyLoss(),
-        optimizer=et.SGD(lr=LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY),
-        trainable=sorted(onnx_head) if c.head_only else None,
-        batch_size=c.batch,
-    )
-    etrain = d / "model.etrain"
+    trainable = sorted(onnx_head) if c.head_only else None
+    etrain, art = _convert(model_path, d / "model.etrain", c, trainable, MOMENTUM, WEIGHT_DECAY)
     case = {
         "config": c.name,
         "kind": "epoch" if c.epoch else "step",
@@ -58,14 +52,34 @@ def prepare(c: Config, work: Path, *, with_torch: bool) -> dict[str, Any]:
         "trainable": list(art.parameters),
         "frozen": list(art.frozen),
     }
-    facts = {"edgetrain_bytes": art.save(etrain)}
+    facts = {"edgetrain_bytes": etrain.stat().st_size}
     facts.update(_memory(etrain), **_counts(art))
     facts.update(step_flops(model_path, c.batch, set(art.parameters)))
+    if "edgetrain_sgd" in c.runtimes:
+        # the like-for-like peer of onnxruntime-training: same model and trained set, plain SGD (no state)
+        sgd, _ = _convert(model_path, d / "model_sgd.etrain", c, trainable, 0.0, 0.0)
+        case["edgetrain_sgd"] = str(sgd)
+        facts["edgetrain_sgd_bytes"] = sgd.stat().st_size
+        facts["edgetrain_sgd_planned_peak_bytes"] = _memory(sgd)["edgetrain_planned_peak_bytes"]
     if module is not None:
         case.update(_torch_files(c, d, module, sorted(torch_head) if c.head_only else None, x))
         facts["torch_bytes"] = Path(case["torch_state"]).stat().st_size
     case["facts"] = facts
     return case
+
+
+def _convert(model_path: Path, out: Path, c: Config, trainable, momentum: float, weight_decay: float):
+    """(the saved artifact's path, the artifact): cross-entropy and SGD at lr LR with the given momentum and weight
+    decay, at the configuration's batch."""
+    art = et.convert(
+        str(model_path),
+        loss=et.CrossEntropyLoss(),
+        optimizer=et.SGD(lr=LR, momentum=momentum, weight_decay=weight_decay),
+        trainable=trainable,
+        batch_size=c.batch,
+    )
+    art.save(out)
+    return out, art
 
 
 # ---- models ---------------------------------------------------------------------------------------------------
@@ -86,6 +100,8 @@ def _model(c: Config, d: Path, work: Path, with_torch: bool):
         return path, module, (set(), set())
     if c.family == "recurrent":
         return _recurrent(c, d)
+    if c.family == "image":
+        return _image(c, d)
     e = _export(c.model, str(work / "exports"), c.batch)
     head = e.head()
     torch_head = {t for t in e.names if t.startswith(head + ".")}
@@ -108,12 +124,26 @@ def _recurrent(c: Config, d: Path):
     come from weight_ih, weight_hh and bias_ih + bias_hh with the gates reordered (torch LSTM i,f,g,o -> ONNX i,o,f,c;
     GRU r,z,n -> z,r,h); that the two compute the same logits is checked here, before any worker runs. The
     configuration's own batch: the full and head-only configurations export the same weights (same seed)."""
+    import seqmodels
+
+    return _export_module(c, d, seqmodels.build(c.model), "tokens", seqmodels.HEAD)
+
+
+def _image(c: Config, d: Path):
+    """The ViT or ConvNeXt-style net of tools/bench/imagemodels.py, exported like the recurrent classifiers (the
+    exporter's default opset: Gelu and LayerNormalization are standard ops there)."""
+    import imagemodels
+
+    return _export_module(c, d, imagemodels.build(c.model), "input", imagemodels.HEAD)
+
+
+def _export_module(c: Config, d: Path, module, input_name: str, head_module: str):
+    """(ONNX path, the module, (head ONNX names, head torch names)): module exported at the configuration's batch
+    with the TorchScript exporter, its classifier head_module's weight and bias named as in torch."""
     import warnings
 
-    import seqmodels
     import torch
 
-    module = seqmodels.build(c.model)
     x, _ = _data(c)
     path = d / "model.onnx"
     with warnings.catch_warnings():  # the TorchScript exporter's deprecation notice
@@ -122,12 +152,12 @@ def _recurrent(c: Config, d: Path):
             module,
             (torch.from_numpy(x),),
             str(path),
-            input_names=["tokens"],
+            input_names=[input_name],
             output_names=["logits"],
             dynamo=False,
             training=torch.onnx.TrainingMode.EVAL,
         )
-    head = {f"{seqmodels.HEAD}.weight", f"{seqmodels.HEAD}.bias"}
+    head = {f"{head_module}.weight", f"{head_module}.bias"}
     names = {t.name for t in onnx.load(str(path)).graph.initializer}
     assert head <= names, f"the export renamed the classifier's parameters: {sorted(names)}"
     _check_same_logits(module, path, x)
@@ -147,7 +177,8 @@ def _check_same_logits(module, path: Path, x: np.ndarray) -> None:
     with torch.no_grad():
         expected = module(torch.from_numpy(x)).numpy()
     sess = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    err = float(np.max(np.abs(sess.run(["logits"], {"tokens": x})[0] - expected)))
+    feed = {sess.get_inputs()[0].name: x}
+    err = float(np.max(np.abs(sess.run(["logits"], feed)[0] - expected)))
     assert err < 1e-4, f"{path}: the ONNX export and the torch module disagree by {err:.2e} on the logits"
 
 
@@ -177,6 +208,12 @@ def _data(c: Config) -> tuple[np.ndarray, np.ndarray]:
         rng = np.random.default_rng(3)
         tokens = rng.integers(0, 1000, (c.batch, SEQ_LEN)).astype(np.int64)  # seqmodels.VOCAB token ids
         return tokens, rng.integers(0, 10, c.batch).astype(np.int64)
+    if c.family == "image":
+        from configs import IMAGE_SIZE
+
+        rng = np.random.default_rng(4)
+        x = rng.standard_normal((c.batch, 3, IMAGE_SIZE, IMAGE_SIZE)).astype(np.float32)
+        return x, rng.integers(0, 10, c.batch).astype(np.int64)
     rng = np.random.default_rng(2 if c.epoch else 1)
     n = EPOCH_SAMPLES if c.epoch else c.batch
     return rng.standard_normal((n, 3, 64, 64)).astype(np.float32), rng.integers(0, 10, n).astype(np.int64)
@@ -302,15 +339,27 @@ def _node_flops(g, n) -> int:
     return 2 * int(np.prod(out)) * int(k)
 
 
-def logits_model(model_path: Path, out: Path) -> Path:
-    """The model without a final Softmax, for onnxruntime-training, whose cross-entropy takes logits. edgetrain's
-    CrossEntropyLoss reads the logits under a final Softmax itself, and PyTorch's LeNet has none: the same loss."""
+def ort_model(model_path: Path, out: Path) -> Path:
+    """The model as onnxruntime-training 1.19.2 can train it, the same computation in the same standard ops:
+    - without a final Softmax: its cross-entropy takes logits. edgetrain's CrossEntropyLoss reads the logits under
+      a final Softmax itself, and PyTorch's LeNet has none: the same loss.
+    - LayerNormalization with its optional Mean and InvStdDev outputs named: its LayerNormalization gradient builder
+      reads them and, when the exporter left them out (torch does), fails with "i < node_->OutputDefs().size() was
+      false" (the ViT and the ConvNeXt-style net).
+    model_path itself when neither applies."""
     proto = onnx.load(str(model_path))
     g = proto.graph
+    changed = False
     last = next((n for n in g.node if g.output[0].name in n.output), None)
-    if last is None or last.op_type != "Softmax":
+    if last is not None and last.op_type == "Softmax":
+        g.node.remove(last)
+        g.output[0].name = last.input[0]
+        changed = True
+    for n in g.node:
+        if n.op_type == "LayerNormalization" and len(n.output) < 3:
+            n.output.extend([f"{n.output[0]}__{k}" for k in ("mean", "inv_std_dev")][len(n.output) - 1 :])
+            changed = True
+    if not changed:
         return model_path
-    g.node.remove(last)
-    g.output[0].name = last.input[0]
     onnx.save(proto, out)
     return out

@@ -1,9 +1,9 @@
 """One measurement in a fresh process: a case spec (JSON file) and a runtime name -> one JSON line on stdout with
 the first loss, median ms per step (or the epoch times), import and load seconds, and the process's peak RSS.
 
-`python worker.py SPEC.json edgetrain|ort|torch`. It imports numpy and the one runtime it measures, nothing else,
-so the peak RSS and the import time are that runtime's. It runs in the main environment (edgetrain, PyTorch) or
-in onnxruntime-training's own (ort), which holds numpy and onnxruntime-training alone."""
+`python worker.py SPEC.json edgetrain|edgetrain_sgd|ort|torch`. It imports numpy and the one runtime it
+measures, nothing else, so the peak RSS and the import time are that runtime's. It runs in the main environment
+(edgetrain, PyTorch) or in onnxruntime-training's own (ort), which holds numpy and onnxruntime-training alone."""
 
 from __future__ import annotations
 
@@ -83,13 +83,15 @@ def time_steps(step, *, warmup: int, steps: int) -> dict:
 
 
 # ---- one training step per runtime: (step() -> loss, info with import_s and version) ----------------------------
-def edgetrain_step(spec: dict, x, y):
+def edgetrain_step(spec: dict, x, y, artifact: str = "edgetrain"):
+    """artifact: the spec's key of the .etrain to train, "edgetrain" (SGD with momentum and weight decay, as PyTorch
+    runs) or "edgetrain_sgd" (plain SGD, as onnxruntime-training runs)."""
     t0 = time.perf_counter()
     import edgetrain as et
 
     et.TrainingSession  # noqa: B018  (the package imports its names on first use: count the runtime's import)
     info = {"import_s": time.perf_counter() - t0, "version": et.__version__}
-    sess = et.TrainingSession(spec["edgetrain"])
+    sess = et.TrainingSession(spec[artifact])
     sess.lr = spec["lr"]
     return (lambda: sess.train_step(x, y)), info
 
@@ -179,7 +181,16 @@ def _torch_sgd(torch, net, spec: dict):
     )
 
 
-RUNNERS = {"edgetrain": edgetrain_step, "ort": ort_step, "torch": torch_step}
+def edgetrain_sgd_step(spec: dict, x, y):
+    return edgetrain_step(spec, x, y, artifact="edgetrain_sgd")
+
+
+RUNNERS = {
+    "edgetrain": edgetrain_step,
+    "edgetrain_sgd": edgetrain_sgd_step,
+    "ort": ort_step,
+    "torch": torch_step,
+}
 
 
 # ---- the head-only personalization epoch --------------------------------------------------------------------
