@@ -37,7 +37,7 @@ def test_every_op_with_a_kernel_has_a_rule_or_says_why_not():
 
 def test_edgetrains_own_ops_carry_their_shape_function_and_body():
     own = [op for op, rec in OPS.items() if rec.domain == PRIVATE_DOMAIN]
-    assert len(own) == 12
+    assert {"SoftmaxCrossEntropy", "ConvGradInput", "LSTMGrad", "FakeQuantize", "After"} <= set(own)
     for op in own:
         rec = record(op)
         assert rec.kernel is not None and rec.kernel.domain == PRIVATE_DOMAIN, op

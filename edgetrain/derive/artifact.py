@@ -58,6 +58,8 @@ class TrainingArtifact:
     quantized_model: Graph | None = None
     # adapters inserted at convert: {"config": the module's settings, "modules": [edgetrain.graph.adapters.LoraModule]}
     adapters: dict | None = None
+    # convert(memory_budget=...): the budget, the options weighed with their planned peaks, the one chosen and why
+    budget: dict | None = None
 
     @property
     def frozen(self) -> list[str]:
@@ -101,6 +103,13 @@ class TrainingArtifact:
 
 def save_artifact(art: TrainingArtifact, path: str | os.PathLike) -> int:
     """Plans memory, serializes and writes the artifact atomically; returns the file size in bytes."""
+    header, tensors = artifact_contents(art)
+    return write_container(path, kind="artifact", header=header, tensors=tensors)
+
+
+def artifact_contents(art: TrainingArtifact) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The artifact file's header and tensors: the step planned (and the fused step, planned on its own), the
+    base graph, the initial state (zeros declared, not stored), and what the int8 export and adapters need."""
     program, plan = plan_memory(art.graph)
     prog_dict, tensors = graph_to_dict(program)
     fused = None
@@ -171,4 +180,6 @@ def save_artifact(art: TrainingArtifact, path: str | os.PathLike) -> int:
             assert name not in tensors or np.array_equal(tensors[name], arr), f"constant '{name}' differs"
             tensors.setdefault(name, arr)
         header["quantized"] = {**qheader, "model": qdict}
-    return write_container(path, kind="artifact", header=header, tensors=tensors)
+    if art.budget is not None:
+        header["memory_budget"] = art.budget
+    return header, tensors

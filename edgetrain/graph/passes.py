@@ -145,6 +145,8 @@ def shape_step(
                 needed=max(big),
             )
         return [p if o else None for o, p in zip(node.outputs, predicted)]  # type: ignore[arg-type]
+    if predicted is not None and _rule_suffices(node, args, predicted):
+        return [p if o else None for o, p in zip(node.outputs, predicted)]  # type: ignore[arg-type]
     check_node(node, args, bound)  # what it would allocate, before it runs
     real = [
         _standin(a, fill, f"{label}: input '{i}'") if isinstance(a, TensorInfo) else a
@@ -155,6 +157,19 @@ def shape_step(
         if o and r is not None:
             check_size(_info(r), f"{label}: output '{o}'", bound)
     return outs
+
+
+def _rule_suffices(node: Node, args: Sequence[Any], predicted: Sequence[TensorInfo | None]) -> bool:
+    """Whether a heavy node's shapes may come from the rule alone, without running it on stand-ins (a convolution
+    or a matrix product, forward or backward: most of a conversion's time otherwise): its output is not a constant
+    (an input is known by its shape only), no input decides its shape by value, and the rule gave every output a
+    static shape."""
+    rec = record(node.op_type)
+    if not (rec.heavy or node.domain) or rec.shape_inputs or rec.reads_shape:
+        return False
+    if not any(isinstance(a, TensorInfo) for a in args):
+        return False
+    return all(p is not None and p.is_static for o, p in zip(node.outputs, predicted) if o)
 
 
 def _standin(info: TensorInfo, fill, what: str) -> np.ndarray:
