@@ -9,6 +9,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from edgetrain.core import fastpaths
 from edgetrain.core.errors import ShapeError, UnsupportedError
 
 from . import depthwise
@@ -26,6 +27,17 @@ FLAT_MIN_POSITIONS = 256
 # batch-last columns are built a chunk of output rows at a time, each chunk's GEMM at least this many columns wide
 GEMM_MIN_COLUMNS = 1024
 FLAT_MAX_WASTE = 1.5
+# 1x1 convolutions with at most this many output positions per image run as one GEMM over the whole batch
+# (batch-last operands) rather than one per image, whose products of a few columns BLAS runs slowly: MobileNetV2's
+# and EfficientNet's 2x2 and 4x4 layers 1.1-2.5x faster; even at 8x8, slower from 16x16 on (measured)
+BATCHED_POSITIONS = 16
+
+# The fast paths of the convolution kernels (edgetrain.core.fastpaths): each computes what the general im2col /
+# col2im path computes, which runs when the path is off.
+CONV1X1 = "conv1x1"  # 1x1 convolutions without pads: GEMMs on the input itself, no columns
+CONV1X1_BATCHED = "conv1x1_batched"  # ... with few positions per image: one GEMM over the batch
+DEPTHWISE = "depthwise"  # depthwise convolutions: multiply-adds per kernel offset (kernels/depthwise.py)
+GI_AS_CONV = "conv_gi_as_conv"  # stride-1 input gradients as a convolution with the flipped kernel, no col2im
 
 Ints = tuple[int, ...]
 
@@ -363,10 +375,10 @@ def conv(
     s, d = per_axis(strides, nd, 1, "strides"), per_axis(dilations, nd, 1, "dilations")
     dtype, x, w = x.dtype, x.astype(ct, copy=False), w.astype(ct, copy=False)
     y = _target(out, x.shape[:1] + (m,) + oshape, ct)
-    if max(k) == 1 and not any(p):
+    if max(k) == 1 and not any(p) and fastpaths.enabled(CONV1X1):
         xs = x[(slice(None),) * 2 + tuple(slice(None, None, si) for si in s)] if max(s) > 1 else x
-        _grouped_matmul(w.reshape(m, -1), xs.reshape(x.shape[0], x.shape[1], -1), group, y)
-    elif group == x.shape[1] == m:
+        pointwise(w.reshape(m, -1), xs.reshape(x.shape[0], x.shape[1], -1), group, y)
+    elif group == x.shape[1] == m and fastpaths.enabled(DEPTHWISE):
         # depthwise: multiply-adds over the kernel offsets, 1.2-3x faster than im2col's per-channel [1, K]
         # products; with a channel multiplier, im2col's columns serve every output of a channel and win
         depthwise.conv(x, w, p, s, d, oshape, y, IM2COL_BUDGET)
@@ -375,6 +387,26 @@ def conv(
     if b is not None:
         y += b.astype(ct, copy=False).reshape((m,) + (1,) * nd)
     return deliver(y, out, dtype)
+
+
+def pointwise(w2: np.ndarray, x3: np.ndarray, group: int, y: np.ndarray) -> None:
+    """y [N, M, *out] = w2 [M, C/group] @ x3[n] [C, P] per image and group: a 1x1 convolution without columns; with
+    few positions, one GEMM over the batch (or, with one position, x3 itself as the rows of the GEMM)."""
+    n, c, npos = x3.shape
+    m = w2.shape[0]
+    if group > 1 or npos > BATCHED_POSITIONS or not fastpaths.enabled(CONV1X1_BATCHED):
+        _grouped_matmul(w2, x3, group, y)
+    elif npos == 1:  # [N, C] @ [C, M]: the images are the rows already
+        np.matmul(x3.reshape(n, c), w2.T, out=y.reshape(n, m))
+    else:
+        yt = w2 @ batch_columns(x3)
+        np.copyto(y.reshape(n, m, npos), yt.reshape(m, n, npos).transpose(1, 0, 2))
+
+
+def batch_columns(a3: np.ndarray) -> np.ndarray:
+    """a3 [N, C, P] as a contiguous [C, N * P]: the batch's positions side by side, the columns of one GEMM."""
+    n, c, npos = a3.shape
+    return np.ascontiguousarray(a3.transpose(1, 0, 2)).reshape(c, n * npos)
 
 
 def _grouped_matmul(w2: np.ndarray, cols: np.ndarray, group: int, y: np.ndarray) -> None:
