@@ -260,3 +260,74 @@ def test_step_flops_of_an_lstm_match_the_closed_form(tmp_path):
         "step_flops": 2 * fi + 3 * fr,
     }
     assert prepare.step_flops(path, n, set()) == {"forward_flops": fi + fr, "step_flops": fi + fr}
+
+
+def test_ort_model_keeps_the_computation_and_names_layernorms_outputs(tmp_path):
+    """The model onnxruntime-training gets: the final Softmax dropped (its loss takes logits) and LayerNormalization's
+    optional Mean and InvStdDev outputs named (its gradient builder reads them): onnxruntime computes the same
+    logits as the original's input to Softmax; a model needing neither edit is passed through as is."""
+    ort = pytest.importorskip("onnxruntime")
+    sys.path.insert(0, str(BENCH))
+    import numpy as np
+    import onnx
+    import prepare
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), name)
+        for name, s in (("scale", (8,)), ("bias", (8,)), ("W", (8, 4)))
+    ]
+    graph = helper.make_graph(
+        [
+            helper.make_node("LayerNormalization", ["x", "scale", "bias"], ["n"], axis=-1, epsilon=1e-5),
+            helper.make_node("MatMul", ["n", "W"], ["logits"]),
+            helper.make_node("Softmax", ["logits"], ["probs"], axis=-1),
+        ],
+        "ln",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 8])],
+        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, [3, 4])],
+        inits,
+    )
+    path = tmp_path / "ln.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    edited = prepare.ort_model(path, tmp_path / "ln_ort.onnx")
+    g = onnx.load(str(edited)).graph
+    assert [n.op_type for n in g.node] == ["LayerNormalization", "MatMul"] and g.output[0].name == "logits"
+    assert len(g.node[0].output) == 3
+    x = rng.standard_normal((3, 8)).astype(np.float32)
+    probs = ort.InferenceSession(str(path)).run(None, {"x": x})[0]
+    logits = ort.InferenceSession(str(edited)).run(["logits"], {"x": x})[0]
+    softmax = np.exp(logits - logits.max(-1, keepdims=True))
+    np.testing.assert_allclose(softmax / softmax.sum(-1, keepdims=True), probs, rtol=1e-5, atol=1e-7)
+    assert prepare.ort_model(edited, tmp_path / "again.onnx") == edited  # nothing left to edit
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_TORCH, reason="the image models are exported from PyTorch")
+def test_image_rows_start_every_runtime_from_the_same_loss(tmp_path):
+    """The ViT and ConvNeXt-style head-only rows end to end (export, convert, both edgetrain workers and PyTorch's):
+    the same first loss everywhere, so the ONNX holds the module's weights and the three runtimes train one model."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tools" / "bench.py"),
+            "--quick",
+            "--configs",
+            "vit-head",
+            "convnext-head",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    rows = {r["config"]: r for r in json.loads((tmp_path / "benchmarks.json").read_text())["configs"]}
+    assert set(rows) == {"vit-head", "convnext-head"}
+    for row in rows.values():
+        assert set(row["runtimes"]) == {"edgetrain", "edgetrain_sgd", "torch"}, row["runtimes"]
+        assert row["first_loss"]["match"] is True, row["first_loss"]
+        assert row["facts"]["trainable_parameters"] == 128 * 10 + 10  # head.weight and head.bias
