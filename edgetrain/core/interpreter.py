@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from . import fastpaths
 from .alternatives import no_kernel_message
 from .errors import EdgeTrainError, ExecutionError, FeedError, LimitError, UnsupportedError
 from .ir import Graph, Node, TensorInfo
@@ -88,7 +89,11 @@ class Interpreter:
         plan: MemoryPlan | None = None,
         bind: Mapping[str, np.ndarray] | None = None,
         max_arena_bytes: int | None = None,
+        lean: bool | None = None,
     ):
+        """lean: run kernels specialized for the graph's static shapes where they have a specialization (fast
+        path "lean_kernels"); by default for a training step's program (a plan or bound outputs), whose feeds
+        its session checks against those shapes. Never for a graph whose shapes are still being inferred."""
         self.graph = graph
         self.max_arena_bytes = max_arena_bytes  # the plan's ceiling (memory.MAX_ARENA_BYTES when None)
         self.plan = plan
@@ -115,6 +120,10 @@ class Interpreter:
                 f"'{name}' cannot be bound: not a free output"
             )
             buffers[name] = buf
+        if lean is None:
+            lean = plan is not None or bool(bind)
+        lean = lean and fastpaths.enabled("lean_kernels")
+        shared: dict[Any, Any] = {}  # what specialized kernels of this program share (scratch, a loss's exp)
         steps = []
         for idx, n in enumerate(graph.nodes):
             fn, kwargs = compile_step(n)
@@ -138,12 +147,40 @@ class Interpreter:
             dests = tuple(buffers.get(o) if o else None for o in n.outputs)
             if writes_out and dests and dests[0] is not None:
                 kwargs["out"] = dests[0]
+            if lean:
+                fast = self._lean(n, KERNELS[n.op_type], dests, buffers, shared)
+                if fast is not None:
+                    fn, kwargs = fast, {}
             steps.append(Step(fn, ins, outs, kwargs, dests, free, n))
         self.steps = steps
         self._consts = [(self.slot[k], v) for k, v in graph.initializers.items()]
         self._in_slots = [(name, self.slot[name]) for name in graph.inputs]
+        self._env: list[Any] = [None] * (self.n_slots + 1)
+        for s, v in self._consts:
+            self._env[s] = v
         self._compiled = _compile(steps)
         self._kept: _Program | None = None  # compiled without dropping values, for run(record=)
+
+    def _lean(
+        self, n: Node, kern: Any, dests: tuple, buffers: dict, shared: dict
+    ) -> Callable[..., Any] | None:
+        """The kernel specialized for this node's static input shapes and output buffer (the kernel's `lean`
+        builder: its checks done here, once), or None. A kernel that does not take out= writes into its planned
+        buffer only when that buffer shares no bytes with an input's (the plan may reuse an input's bytes for it,
+        since the plain step copies the result there after the kernel has read its inputs)."""
+        build = getattr(kern.fn, "lean", None)
+        if build is None or len(n.outputs) != 1 or not n.outputs[0]:
+            return None
+        g = self.graph
+        infos = [g.values.get(i) if i else None for i in n.inputs]
+        if any(i and (info is None or not info.is_static) for i, info in zip(n.inputs, infos)):
+            return None
+        out = dests[0] if dests else None
+        if out is not None and not kern.writes_out:
+            if any(i in buffers and np.shares_memory(out, buffers[i]) for i in n.inputs if i):
+                out = None
+        consts = [g.initializers.get(i) if i else None for i in n.inputs]
+        return build(n, infos, consts, out, shared)
 
     def _arena_views(self, plan: MemoryPlan) -> dict[str, np.ndarray]:
         """One aligned byte arena, and a view into it for every planned value. The plan is checked first
@@ -181,9 +218,7 @@ class Interpreter:
     ) -> list[np.ndarray]:
         """Runs the graph on feeds (already checked) and returns the requested outputs (all by default).
         record, when given, receives the dtype and shape of every value computed (used by shape inference)."""
-        env: list[Any] = [None] * (self.n_slots + 1)
-        for s, v in self._consts:
-            env[s] = v
+        env = self._env.copy()  # the constants in their slots; the slot past the end holds None
         for name, s in self._in_slots:
             env[s] = feeds[name]
         program = self._compiled if record is None else self._keeping()

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from edgetrain.core import fastpaths
 from edgetrain.core.kernels import KERNELS
 
 SUPPORTED = ("SGD", "Adam", "AdamW")
@@ -40,6 +41,9 @@ CHUNK = (
     1 << 15
 )  # elements per chunk of the update (128 KiB of float32 per stream: the working set stays in L2)
 MARGIN = 0.25  # the bound must stay under this fraction of the usable limit (covers rounding in the norms)
+SLACK = (
+    1 + 1e-6
+)  # a carried bound grows by this each step: the update's float rounding (a few ulps per value)
 
 
 class _Group:
@@ -99,7 +103,14 @@ class FusedOptimizer:
         self.step_name = next((n for n, (k, _) in state_roles.items() if k == "step"), None)
         self.step_value = np.zeros((), np.float32)
         self._views = self._collect()
+        self._grads: dict[str, np.ndarray] = {}
+        for g in self.groups:
+            self._grads.update(g.views(g.grad))
         self.backups = 0  # steps that needed a copy kept (the bound could not show the step usable)
+        # fastpaths "update_bound": the norms of the parameters and state are carried from step to step as the
+        # bounds the last step proved (see _bounds), not read again from memory; only the gradients' are.
+        self._carry = fastpaths.enabled("update_bound")
+        self._known: list[dict[str, float] | None] = [None] * len(self.groups)
         self.load(initial)
 
     def _collect(self) -> dict[str, np.ndarray]:
@@ -123,14 +134,12 @@ class FusedOptimizer:
         return out
 
     def gradients(self) -> dict[str, np.ndarray]:
-        """Parameter -> the view its gradient must be written into."""
-        out = {}
-        for g in self.groups:
-            out.update(g.views(g.grad))
-        return out
+        """Parameter -> the view its gradient must be written into (the same views on every call)."""
+        return dict(self._grads)
 
     def load(self, values: Mapping[str, np.ndarray]) -> None:
         """Copies the given parameters and state into the buffers."""
+        self._known = [None] * len(self.groups)  # the carried norms no longer bound them
         current = self.values()
         for name, v in values.items():
             if name == self.step_name:
@@ -144,7 +153,9 @@ class FusedOptimizer:
         usable, else the names that are not, with the parameters and state put back as they were."""
         if self.config.get("clip_grad_norm") is not None:
             self._clip()
-        safe = all(self._bounded(g, lr) for g in self.groups)
+        bounds = [self._bounds(k, g, lr) for k, g in enumerate(self.groups)]
+        safe = all(b is not None for b in bounds)
+        self._known = bounds if safe and self._carry else [None] * len(self.groups)
         kept = None
         if not safe:  # the bound cannot vouch for the step: keep what a refusal puts back
             self.backups += 1
@@ -170,35 +181,53 @@ class FusedOptimizer:
             self.step_value = step_next if step_next is not None else self.step_value + np.float32(1)
         return []
 
-    def _bounded(self, g: _Group, lr: float) -> bool:
-        """Whether every value this step makes is surely usable: bounds of max |x| from the 2-norms, carried
-        through the update's arithmetic (as in _sgd and _adam), under MARGIN of the usable limit."""
+    def _bounds(self, k: int, g: _Group, lr: float) -> dict[str, float] | None:
+        """Bounds of the 2-norms of the parameters and state this step makes when they show every new value
+        surely usable, else None. From the norms the last step carried (fastpaths "update_bound"), and when those
+        are too loose to show it, from the buffers themselves."""
+        known = self._known[k]
+        if known is not None:
+            found = self._bounded(g, lr, known)
+            if found is not None:
+                return found
+        now = {"params": g.norm(g.params), **{kind: g.norm(b) for kind, b in g.state.items()}}
+        return self._bounded(g, lr, now)
+
+    def _bounded(self, g: _Group, lr: float, norms: Mapping[str, float]) -> dict[str, float] | None:
+        """Bounds of max |x| (and of the 2-norm) of every value this step makes, from the 2-norms of the
+        parameters and state (norms) and of the gradients, carried through the update's arithmetic (as in _sgd and
+        _adam), when all are under MARGIN of the usable limit; else None. Each bound is grown by SLACK for the
+        rounding of the update's float arithmetic, so that it still bounds the values the update rounded."""
         c = self.config
         cap = MARGIN * g.limit
         lr = abs(float(lr))
-        w, grad = g.norm(g.params), g.norm(g.grad)
+        w, grad = norms["params"], g.norm(g.grad)
         wd = abs(float(c.get("weight_decay") or 0.0))
         if self.kind == "SGD":
             d = grad + wd * w
+            new = {}
             if c.get("momentum"):
                 m = abs(float(c["momentum"]))
                 damp = max(1.0, abs(1.0 - float(c.get("dampening") or 0.0)))  # v' = d on a first step
-                v = m * g.norm(g.state["momentum"]) + damp * d
+                v = m * norms["momentum"] + damp * d
                 d = d + m * v if c.get("nesterov") else v
                 if not v < cap:
-                    return False
-            return w + lr * d < cap
+                    return None
+                new["momentum"] = v * SLACK
+            new["params"] = (w + lr * d) * SLACK
+            return new if new["params"] < cap else None
         b1, b2 = (float(b) for b in c["betas"])
         eps = float(c["eps"])
         d = grad + (0.0 if self.kind == "AdamW" else wd * w)
-        m = b1 * g.norm(g.state["exp_avg"]) + (1 - b1) * d
-        v = b2 * g.norm(g.state["exp_avg_sq"]) + (1 - b2) * d * d
+        m = b1 * norms["exp_avg"] + (1 - b1) * d
+        v = b2 * norms["exp_avg_sq"] + (1 - b2) * d * d
         t = float(self.step_value) + 1
         bc1 = 1 - b1**t
         if not (m < cap and v < cap and eps > 0 and bc1 > 0):
-            return False
+            return None
         step = lr / bc1 * m / eps  # m' / (sqrt(v' / bc2) + eps) <= m' / eps
-        return w * (1 + lr * wd) + step < cap
+        new_w = (w * (1 + lr * wd) + step) * SLACK
+        return {"params": new_w, "exp_avg": m * SLACK, "exp_avg_sq": v * SLACK} if new_w < cap else None
 
     def _unusable(self, g: _Group) -> list[str]:
         # One BLAS dot product per buffer: x.x is not finite when any value is NaN or infinite, or when a value is

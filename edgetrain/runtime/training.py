@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from edgetrain.core import fastpaths
 from edgetrain.core.container import read_container, short, write_container
 from edgetrain.core.errors import (
     ArtifactError,
@@ -106,6 +107,10 @@ class TrainingSession:
             self._bind: dict[str, np.ndarray] = {}
             # Parameters and state are owned by the session: writable copies of the file's read-only maps.
             self._values = {k: np.array(v) for k, v in art.initial.items()}
+        self._lean_feeds = self._fixed_inputs() if fastpaths.enabled("lean_step") else None
+        self._unbound = [
+            (p, name) for p, name in getattr(self, "_grad_of", {}).items() if name not in self._bind
+        ]
         self._lr = float(art.header["optimizer"].get("lr", 0.0))
         self.step = 0
         self._eval_program: Interpreter | None = None
@@ -120,6 +125,18 @@ class TrainingSession:
         self._cache_args: dict[
             str, Any
         ] = {}  # FeatureCache's settings, for a prefix cut back (see _checked_cache)
+
+    def _fixed_inputs(self) -> dict[str, tuple[np.dtype, tuple[int, ...]]] | None:
+        """(fastpaths "lean_step") each data input's dtype and static shape, for the per-step check that passes a
+        batch at once when it has them, as check_feeds would (which runs, to name what is wrong, when it has
+        not); None when a shape is not static."""
+        specs = {}
+        for name in self._io["data_inputs"]:
+            info = self.artifact.program.values[name]
+            if not info.is_static:
+                return None
+            specs[name] = (np.dtype(info.dtype), tuple(info.shape))
+        return specs
 
     def _make_fused(self, art):
         if art.fused is None:
@@ -366,10 +383,8 @@ class TrainingSession:
                 self._non_finite_message(loss, bad), loss=loss, step=self.step + 1, values=bad
             )
         grads = self._fused.gradients()
-        for (
-            p,
-            name,
-        ) in self._grad_of.items():  # a gradient the program did not write into its view (a constant)
+        # a gradient the program did not write into its view (a constant); the bound ones it always writes there
+        for p, name in self._unbound if self._lean_feeds is not None else self._grad_of.items():
             r = results.get(name)
             if r is not None and r is not grads[p]:
                 if np.shape(r) != grads[p].shape:  # the program computed other than it declared
@@ -731,11 +746,23 @@ class TrainingSession:
             elif how == "cast":
                 arr = arr.astype(want)
             out[name] = arr
-        if fixed_batch:
+        if fixed_batch and not self._fits(out):
             if self._data_graph is None:  # the program seen from its data inputs, made once
                 self._data_graph = self.artifact.program.copy(inputs=names)
             check_feeds(self._data_graph, out)
         return out
+
+    def _fits(self, data: dict[str, np.ndarray]) -> bool:
+        """Whether the batch has the dtypes and static shapes of the step's data inputs (fastpaths "lean_step";
+        False without it: check_feeds decides)."""
+        specs = self._lean_feeds
+        if specs is None or len(data) != len(specs):
+            return False
+        for name, (dtype, shape) in specs.items():
+            a = data.get(name)
+            if type(a) is not np.ndarray or a.dtype != dtype or a.shape != shape:
+                return False
+        return True
 
     def _feeds(self, x: Any, y: Any) -> dict[str, np.ndarray]:
         feeds = self._data_feeds(x, fixed_batch=True)
@@ -761,9 +788,13 @@ class TrainingSession:
         """Integer class labels for the target: integral numbers within [0, classes) (or the loss's ignore_index),
         checked with one min and max before the cast, so that 1e30 or 2**64-1 is named as given, not wrapped."""
         want = self._target_info.dtype
+        n = self._n_classes
+        if self._lean_feeds is not None and n is not None and y.dtype.kind in "iu" and y.size:
+            # one reduction: seen as unsigned, a negative label is larger than any class
+            if int(np.max(y.view(f"u{y.dtype.itemsize}"))) < n:
+                return y.astype(want, copy=False)
         if y.dtype.kind not in "iuf" or (y.dtype.kind == "f" and not np.all(np.mod(y, 1) == 0)):
             raise FeedError(f"labels must be integer class indices, got {y.dtype}")
-        n = self._n_classes
         if n is not None and y.size:
             ignore = self.artifact.header["loss"].get("ignore_index")
             lo, hi = y.min(), y.max()

@@ -196,6 +196,39 @@ def relu_grad(dy: np.ndarray, y: np.ndarray, *, out: np.ndarray | None = None) -
     return _arr(np.multiply(dy, np.greater(y, 0), out=out))
 
 
+# Lean specializations (the interpreter's fastpaths "lean_kernels"; see kernels/math.py): the same numpy calls
+# without the wrappers; ReluGrad's mask goes into scratch the program keeps (a fresh mask of a large activation
+# is a fresh mapping of memory, page faults included, on every step) when it is small enough to keep.
+_MASK_SCRATCH = 1 << 20  # bytes of bool mask a program keeps for its ReluGrads, shared by them all
+
+
+def _relu_lean(node: Node, infos, consts, out, shared):
+    x = infos[0]
+    if x.dtype.kind != "f" or not x.shape:
+        return None
+    maximum = np.maximum
+    return lambda x: maximum(x, 0, out=out)
+
+
+def _relu_grad_lean(node: Node, infos, consts, out, shared):
+    dy, y = infos
+    if dy.dtype.kind != "f" or y.dtype.kind != "f" or dy.shape != y.shape or not dy.shape:
+        return None
+    size = math.prod(y.shape)
+    mask = None
+    if size <= _MASK_SCRATCH:
+        flat = shared.get("relu_grad_mask")
+        if flat is None or flat.size < size:
+            flat = shared["relu_grad_mask"] = np.empty(max(size, 0 if flat is None else flat.size), bool)
+        mask = flat[:size].reshape(y.shape)
+    greater, multiply = np.greater, np.multiply
+    return lambda dy, y: multiply(dy, greater(y, 0, out=mask), out=out)
+
+
+relu.lean = _relu_lean
+relu_grad.lean = _relu_grad_lean
+
+
 def _leaky_relu_body(x, out, alpha):
     np.multiply(x, alpha, out=out)
     # max(x, alpha*x) is leaky relu for alpha <= 1 (any sign), min(x, alpha*x) for alpha > 1.

@@ -746,3 +746,155 @@ def cumsum(
     else:
         np.cumsum(xs, axis=ax, dtype=x.dtype, out=ys)
     return y
+
+
+# -------------------------------------------------------------------------------- lean specializations
+# A kernel's `lean` builder: (node, input TensorInfos, constant inputs, the output's buffer or None, a dict the
+# program's builders share) -> a function of the node's inputs, or None where the plain kernel must run. The
+# interpreter asks for one when it compiles a training step (fastpaths "lean_kernels"): the step's shapes are
+# static and its feeds checked, so the checks and dispatch a small batch pays on every call are done here once.
+# Each runs the plain kernel's numpy calls in its order (bit for bit its result), only fewer of the others.
+
+_LEAN_SCRATCH = (
+    1 << 16
+)  # elements: scratch a specialization keeps per program stays this small (256 KiB of f32)
+
+
+def _blas_info(info: TensorInfo | None) -> bool:
+    return info is not None and len(info.shape) == 2 and info.dtype.kind == "f" and info.dtype.itemsize >= 4
+
+
+def _writable(out: np.ndarray | None, dtype: np.dtype) -> bool:
+    """Whether out is a buffer np.dot writes straight into (else the plain kernel goes through np.matmul)."""
+    return out is None or (out.flags.c_contiguous and out.dtype == dtype)
+
+
+def _gemm_lean(node: Node, infos, consts, out, shared):
+    # np.dot into the output's buffer with the transposes as views (BLAS reads them as they are), then the bias
+    # added there: gemm()'s calls without its checks and broadcasting bookkeeping.
+    a, b = infos[0], infos[1]
+    c = infos[2] if len(infos) > 2 else None
+    at = node.attrs
+    ta, tb = bool(at.get("transA", 0)), bool(at.get("transB", 0))
+    if at.get("alpha", 1.0) != 1 or not (_blas_info(a) and _blas_info(b)) or a.dtype != b.dtype:
+        return None
+    m, k = a.shape[::-1] if ta else a.shape
+    k2, n = b.shape[::-1] if tb else b.shape
+    use_c = c is not None and at.get("beta", 1.0) != 0
+    if k != k2 or not _writable(out, a.dtype):
+        return None
+    if use_c and (at.get("beta", 1.0) != 1 or c.dtype != a.dtype or not _broadcasts_to(c.shape, (m, n))):
+        return None
+    dot, add = np.dot, np.add
+
+    def gemm_lean(a, b, c=None):
+        y = dot(a.T if ta else a, b.T if tb else b, out=out)
+        if use_c:
+            add(y, c, out=y)
+        return y
+
+    return gemm_lean
+
+
+def _matmul_lean(node: Node, infos, consts, out, shared):
+    a, b = infos
+    if not (_blas_info(a) and _blas_info(b)) or a.dtype != b.dtype or not _writable(out, a.dtype):
+        return None
+    dot = np.dot
+    return lambda a, b: dot(a, b, out=out)
+
+
+def _reduce_sum_lean(node: Node, infos, consts, out, shared):
+    # the bias gradient (dY [n, m] summed over the batch, keepdims=0), straight into its buffer
+    data, axes = infos[0], consts[1] if len(consts) > 1 else None
+    if node.attrs.get("keepdims", 1) or axes is None or np.shape(axes) != (1,) or int(axes[0]) not in (0, -2):
+        return None
+    if not _blas_info(data) or not data.shape[0] or (out is not None and out.dtype != data.dtype):
+        return None
+    reduce = np.add.reduce
+    return lambda data, axes=None: reduce(data, axis=0, out=out)
+
+
+gemm.lean = _gemm_lean
+matmul.lean = _matmul_lean
+reduce_sum.lean = _reduce_sum_lean
+
+
+class _CrossEntropyRows:
+    """What SoftmaxCrossEntropy's specialization leaves for its gradient's, in one program: exp(x - row max) and
+    its row sums, which the plain gradient kernel computes again from the same logits with the same calls. The
+    loss node runs before its gradient node in every run of the step (the gradient reads the loss's seed), so
+    the gradient always finds them of this run."""
+
+    def __init__(self, n: int, c: int, dtype: np.dtype):
+        self.e = np.empty((n, c), dtype)
+        self.s = np.empty(n, dtype)
+        self.rows = np.arange(n)
+        self.n = dtype.type(n)
+
+
+def _ce_lean_ok(node: Node, infos) -> bool:
+    x, t = infos[0], infos[1]
+    at = node.attrs
+    plain = not at.get("label_smoothing", 0.0) and at.get("ignore_index") is None
+    return (
+        plain
+        and at.get("reduction", "mean") in ("mean", "sum")
+        and _blas_info(x)
+        and x.shape[0] > 0
+        and len(t.shape) == 1
+        and x.shape[0] * x.shape[1] <= _LEAN_SCRATCH
+    )
+
+
+def _softmax_cross_entropy_lean(node: Node, infos, consts, out, shared):
+    if not _ce_lean_ok(node, infos):
+        return None
+    x = infos[0]
+    rows = shared[("SoftmaxCrossEntropy", node.inputs[0], node.inputs[1])] = _CrossEntropyRows(
+        *x.shape, x.dtype
+    )
+    e, s, ar, n = rows.e, rows.s, rows.rows, rows.n
+    mean = node.attrs.get("reduction", "mean") == "mean"
+    maxr, sub, exp, addr, log, asarray, dt = (
+        np.maximum.reduce,
+        np.subtract,
+        np.exp,
+        np.add.reduce,
+        np.log,
+        np.asarray,
+        x.dtype,
+    )
+
+    def softmax_cross_entropy_lean(x, target):
+        # softmax_cross_entropy's plain case; x[i, t] - max_i is the very subtraction that gives y[i, t] there
+        m = maxr(x, axis=1)
+        sub(x, m[:, None], out=e)
+        exp(e, out=e)
+        nll = log(addr(e, axis=1, out=s)) - (x[ar, target] - m)
+        total = addr(nll)
+        return asarray(total / n if mean else total, dt)
+
+    return softmax_cross_entropy_lean
+
+
+def _softmax_cross_entropy_grad_lean(node: Node, infos, consts, out, shared):
+    rows = shared.get(("SoftmaxCrossEntropy", node.inputs[0], node.inputs[1]))
+    if rows is None or not _ce_lean_ok(node, infos) or out is None or out.dtype != infos[0].dtype:
+        return None
+    e, s, ar = rows.e, rows.s, rows.rows
+    count = rows.n if node.attrs.get("reduction", "mean") == "mean" else infos[0].dtype.type(1)
+    mul, div, asarray, dt = np.multiply, np.divide, np.asarray, infos[0].dtype
+
+    def softmax_cross_entropy_grad_lean(x, target, dloss):
+        # softmax_cross_entropy_grad's plain case on the loss's exp and row sums
+        scale = asarray(dloss, dt) / count
+        mul(e, div(scale, s)[:, None], out=out)
+        out[ar, target] -= scale
+        return out
+
+    return softmax_cross_entropy_grad_lean
+
+
+softmax_cross_entropy.lean = _softmax_cross_entropy_lean
+softmax_cross_entropy_grad.lean = _softmax_cross_entropy_grad_lean
