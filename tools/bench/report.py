@@ -563,7 +563,7 @@ def _panel(ax, rows: list[dict], which: str) -> None:
             ax.text(
                 lo * 1.1,
                 i,
-                why if len(why) <= 48 else why[:45] + "...",
+                why if len(why) <= 72 else why[:69] + "...",
                 va="center",
                 fontsize=7,
                 color="#777777",
