@@ -38,6 +38,15 @@ CONV1X1 = "conv1x1"  # 1x1 convolutions without pads: GEMMs on the input itself,
 CONV1X1_BATCHED = "conv1x1_batched"  # ... with few positions per image: one GEMM over the batch
 DEPTHWISE = "depthwise"  # depthwise convolutions: multiply-adds per kernel offset (kernels/depthwise.py)
 GI_AS_CONV = "conv_gi_as_conv"  # stride-1 input gradients as a convolution with the flipped kernel, no col2im
+STRIDED_FLAT = (
+    "conv_strided_flat"  # strided convs' columns copied from the stride phases of the input (PhaseColumns)
+)
+# strided convs with this many output positions per image or more take their columns from the input's stride phases
+# (PhaseColumns) when those compute at most FLAT_MAX_WASTE times the needed positions
+PHASE_MIN_POSITIONS = 64
+# ... and at most this many rows (input channels x kernel offsets): with more, the windowed columns' runs are long
+# enough (ResNet's 64-channel 3x3 stride-2 layers: no gain), while stems over 3 channels gain 1.3-1.5x (measured)
+PHASE_MAX_ROWS = 256
 
 Ints = tuple[int, ...]
 
@@ -428,6 +437,8 @@ def im2col_conv(x, w, group, k, s, p, d, oshape, y) -> None:
     gives the copies long contiguous runs and BLAS a large enough product."""
     if max(s) == 1 and use_flat(x.shape[2:], p, oshape, k, d):
         _flat_conv(x, w, group, k, p, d, oshape, flat_extent(x.shape[2:], p, oshape, k, d), y)
+    elif use_phases(x.shape[2:], p, oshape, k, s, d, x.shape[1]):
+        _phase_conv(x, w, group, PhaseColumns(x, k, s, p, d, oshape), y)
     else:
         _batch_last_conv(x, w, group, k, s, p, d, oshape, y)
 
@@ -467,6 +478,88 @@ def _flat_conv(x, w, group, k, p, d, oshape, flat, y) -> None:
         np.copyto(cols[: j - i].reshape(view[i:j].shape), view[i:j])
         _grouped_matmul(w2, cols[: j - i], group, yf[: j - i])
         np.copyto(y[i:j], yf[: j - i].reshape((j - i, m, oshape[0]) + ext[1:])[crop])
+
+
+def use_phases(sp, p, oshape, k, s, d, channels: int) -> bool:
+    """Whether a strided conv's columns are best taken from the input's stride phases (PhaseColumns)."""
+    if max(s) == 1 or math.prod(oshape) < PHASE_MIN_POSITIONS or channels * math.prod(k) > PHASE_MAX_ROWS:
+        return False
+    if not fastpaths.enabled(STRIDED_FLAT):
+        return False
+    return phase_layout(tuple(sp), tuple(p), tuple(oshape), tuple(k), tuple(s), tuple(d))[2] <= (
+        FLAT_MAX_WASTE * math.prod(oshape)
+    )
+
+
+@functools.lru_cache(maxsize=512)
+def phase_layout(sp: Ints, p: Ints, oshape: Ints, k: Ints, s: Ints, d: Ints):
+    """(grid Q, flat length, positions per image, taps) of a strided conv's phase layout: the padded input split
+    into its prod(s) stride phases (xpad[..., r::s] for every r < s), each flattened on one grid Q, so that kernel
+    offset o reads phase (o*d % s) from grid position j + o*d // s for output j: on the flattened grid, one
+    contiguous run from its tap's shift (as the stride-1 flattened rows, nn.flat_extent: out_0 * prod(Q[1:])
+    positions, the last prod(Q[1:]) - prod(out[1:]) of each row garbage). taps: (phase, shift) per kernel offset,
+    row-major as W's."""
+    nd = len(sp)
+    reach = [(k[i] - 1) * d[i] // s[i] for i in range(nd)]
+    q = tuple(max(-(-(p[i] + sp[i]) // s[i]), oshape[i] + reach[i]) for i in range(nd))
+    row = [math.prod(q[i + 1 :]) for i in range(nd)]
+    tail = sum(reach[i] * row[i] for i in range(1, nd))
+    sst = [math.prod(s[i + 1 :]) for i in range(nd)]
+    taps = tuple(
+        (
+            sum(off[i] * d[i] % s[i] * sst[i] for i in range(nd)),
+            sum(off[i] * d[i] // s[i] * row[i] for i in range(nd)),
+        )
+        for off in np.ndindex(*k)
+    )
+    return q, math.prod(q) + tail, oshape[0] * row[0], taps
+
+
+class PhaseColumns:
+    """The columns of a strided conv taken from the stride phases of its padded input (phase_layout): each kernel
+    offset's columns one contiguous copy per image and channel, where windowed columns copy runs of a few elements
+    (ResNet's 7x7 stride-2 stem over 3 channels: the batch-last columns' runs are the batch, 8 long)."""
+
+    def __init__(self, x: np.ndarray, k: Ints, s: Ints, p: Ints, d: Ints, oshape: Ints):
+        (n, c), sp, nd = x.shape[:2], x.shape[2:], len(k)
+        self.q, length, self.npos, self.taps = phase_layout(sp, tuple(p[:nd]), oshape, tuple(k), s, d)
+        self.row = self.q[1:]  # the grid's extent past the first axis: a flat position's row
+        self.c, self.kk = c, len(self.taps)
+        self.xf = np.zeros((n, c, math.prod(s), length), x.dtype)
+        size = math.prod(self.q)
+        for ph, r in enumerate(np.ndindex(*s)):
+            gsl, asl = [], []
+            for i in range(nd):  # the grid rows of phase r that hold input elements, and those elements
+                lo = max(0, -(-(p[i] - r[i]) // s[i]))
+                hi = (p[i] - r[i] + sp[i] - 1) // s[i]
+                start = lo * s[i] + r[i] - p[i]
+                gsl.append(slice(lo, hi + 1))
+                asl.append(slice(start, start + max(0, hi - lo) * s[i] + 1, s[i]))
+            if all(g.stop > g.start for g in gsl):
+                grid = self.xf[:, :, ph, :size].reshape((n, c) + self.q)
+                grid[(slice(None),) * 2 + tuple(gsl)] = x[(slice(None),) * 2 + tuple(asl)]
+
+    def fill(self, cols: np.ndarray, lo: int, hi: int) -> None:
+        """cols [hi - lo, C * K, positions] = the columns of images lo to hi."""
+        c4 = cols.reshape(hi - lo, self.c, self.kk, self.npos)
+        for j, (ph, sh) in enumerate(self.taps):
+            np.copyto(c4[:, :, j], self.xf[lo:hi, :, ph, sh : sh + self.npos])
+
+
+def _phase_conv(x, w, group, pc: PhaseColumns, y) -> None:
+    """Strided conv over its phase columns (PhaseColumns), a cache-sized batch chunk at a time (as _flat_conv)."""
+    (n, c), m = x.shape[:2], w.shape[0]
+    rows, npos = c * pc.kk, pc.npos
+    chunk = max(1, min(n, CACHE_BUDGET // (rows * npos * x.itemsize)))
+    cols = np.empty((chunk, rows, npos), x.dtype)
+    yf = np.empty((chunk, m, npos), x.dtype)
+    w2 = w.reshape(m, -1)
+    crop = (slice(None),) * 3 + tuple(slice(0, o) for o in y.shape[3:])
+    for i in range(0, n, chunk):
+        j = min(n, i + chunk)
+        pc.fill(cols[: j - i], i, j)
+        _grouped_matmul(w2, cols[: j - i], group, yf[: j - i])
+        np.copyto(y[i:j], yf[: j - i].reshape((j - i, m, y.shape[2]) + pc.row)[crop])
 
 
 def flat_columns(x, k, p, d, ext, npos, length) -> np.ndarray:

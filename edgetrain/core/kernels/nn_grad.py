@@ -22,6 +22,7 @@ from .nn import (
     DEPTHWISE,
     GI_AS_CONV,
     IM2COL_BUDGET,
+    PhaseColumns,
     avg_divisor,
     batch_columns,
     batch_first,
@@ -41,6 +42,7 @@ from .nn import (
     sliding_windows,
     spatial_rank,
     use_flat,
+    use_phases,
 )
 from .registry import kernel
 
@@ -239,8 +241,8 @@ def conv_grad_weight(
     dtype, x, dy = x.dtype, x.astype(ct, copy=False), dy.astype(ct, copy=False)
     npos = math.prod(oshape)
     pointwise = max(k) == 1 and oshape == x.shape[2:] and not any(p) and fastpaths.enabled(CONV1X1)
-    if pointwise and group == 1 and npos <= GW_BATCHED_POSITIONS and fastpaths.enabled(CONV1X1_BATCHED):
-        dw, db = _pointwise_grad_weight_batched(dy, x, noutputs > 1)
+    if pointwise and group == 1 and npos <= GW_BATCHED_POSITIONS:  # one GEMM over the batch's positions
+        dw, db = _weight_grad_columns(dy, x, group, k, oshape, p, s, d, ext, noutputs > 1)
     elif pointwise and (m // group) * (c // group) <= 8 * (m + c) * npos:
         # pointwise: the columns are X itself; per image dY @ X^T summed over the batch, no transposes (unless the
         # per-image products [M, C] outweigh the images: then one GEMM over batch-last copies, 6x for MobileNetV2's
@@ -252,6 +254,9 @@ def conv_grad_weight(
         dw, db = _weight_grad_flat(
             dy, x, group, k, oshape, p, d, flat_extent(x.shape[2:], p, oshape, k, d), noutputs > 1
         )
+    elif (group == 1 or c > group) and use_phases(x.shape[2:], p, oshape, k, s, d, c):
+        cols = PhaseColumns(x, k, s, p, d, oshape)
+        dw, db = _weight_grad_rows(dy, x, group, math.prod(k), cols.row, cols.fill, noutputs > 1)
     elif c == group and fastpaths.enabled(
         DEPTHWISE
     ):  # depthwise (or one input channel): multiply-adds per offset
@@ -285,6 +290,15 @@ def _weight_grad_columns(dy, x, group, k, oshape, p, s, d, ext, want_b):
     """(dW [G, Mg, Cg*K], dB [M] or None) through batch-last im2col columns [C*K, out..., N] (one strided copy per
     chunk of output rows, sized as the forward's: nn.row_chunk)."""
     (n, c), m, ct, nd = x.shape[:2], dy.shape[1], x.dtype, len(k)
+    if (
+        group == 1
+        and max(k + s) == 1
+        and not any(p)
+        and fastpaths.enabled(CONV1X1)
+        and fastpaths.enabled(CONV1X1_BATCHED)
+    ):
+        dw, db = _pointwise_grad_weight_batched(dy, x, want_b)  # a 1x1 conv's columns are X itself
+        return dw.reshape(1, m, c), db
     cg, mg, kk = c // group, m // group, math.prod(k)
     xl = batch_last(x, p, ext)
     st = xl.strides
@@ -328,12 +342,25 @@ def _weight_grad_columns(dy, x, group, k, oshape, p, s, d, ext, want_b):
 
 def _weight_grad_flat(dy, x, group, k, oshape, p, d, flat, want_b):
     """(dW [G, Mg, Cg*K], dB [M] or None) of a stride-1 conv through the flattened-rows columns (nn._flat_conv's
-    layout), dY zero-padded over the garbage positions, a cache-sized batch chunk at a time."""
-    (n, c), m, ct = x.shape[:2], dy.shape[1], x.dtype
-    cg, mg, kk = c // group, m // group, math.prod(k)
+    layout)."""
     ext, npos, length = flat
     view = flat_columns(x, k, p, d, ext, npos, length)
-    dyf = np.zeros((n, m, oshape[0]) + ext[1:], ct)
+
+    def fill(cols: np.ndarray, lo: int, hi: int) -> None:
+        np.copyto(cols.reshape(view[lo:hi].shape), view[lo:hi])
+
+    return _weight_grad_rows(dy, x, group, math.prod(k), ext[1:], fill, want_b)
+
+
+def _weight_grad_rows(dy, x, group, kk, row, fill, want_b):
+    """(dW [G, Mg, Cg*K], dB [M] or None) through flattened-rows columns [C*K, out_0 * prod(row)] (the stride-1
+    flattened rows or the stride phases: fill(cols, lo, hi) writes those of images lo to hi), dY zero-padded over
+    the garbage positions, a cache-sized batch chunk at a time."""
+    (n, c), m, ct = x.shape[:2], dy.shape[1], x.dtype
+    cg, mg = c // group, m // group
+    oshape = dy.shape[2:]
+    npos = oshape[0] * math.prod(row)
+    dyf = np.zeros((n, m, oshape[0]) + tuple(row), ct)
     dyf[(slice(None),) * 3 + tuple(slice(0, o) for o in oshape[1:])] = dy
     dyf = dyf.reshape(n, group, mg, npos)
     chunk = max(1, min(n, CACHE_BUDGET // (c * kk * npos * ct.itemsize)))
@@ -341,7 +368,7 @@ def _weight_grad_flat(dy, x, group, k, oshape, p, d, flat, want_b):
     dwt = np.zeros((group, cg * kk, mg), ct)
     for i in range(0, n, chunk):
         j = min(n, i + chunk)
-        np.copyto(cols[: j - i].reshape(view[i:j].shape), view[i:j])
+        fill(cols[: j - i], i, j)
         part = np.matmul(cols[: j - i].reshape(j - i, group, cg * kk, npos), dyf[i:j].transpose(0, 1, 3, 2))
         dwt += part.sum(axis=0)
     db = (dy.reshape(n, m, -1) @ np.ones(math.prod(oshape), ct)).sum(axis=0) if want_b else None
