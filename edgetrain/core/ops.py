@@ -207,6 +207,7 @@ _TABLE: list[OpRecord] = [
             heavy=True,
             sequential=True,
             batch_states=(5,),
+            rows=rows.recurrent,
         )
         for op in ("RNN", "GRU")
     ],
@@ -216,6 +217,7 @@ _TABLE: list[OpRecord] = [
         heavy=True,
         sequential=True,
         batch_states=(5, 6),
+        rows=rows.recurrent,
     ),
     # ---- ops that only rearrange or retype their input: a weight read through them is the initializer under them
     OpRecord("Identity", rearranges=True, rows=rows.elementwise),
@@ -347,6 +349,12 @@ _TABLE: list[OpRecord] = [
         rows=rows.on_axis(1),
     ),
     OpRecord("FakeQuantizeGrad", domain=PRIVATE_DOMAIN, no_rule=_BACKWARD, rows=rows.on_axis(1)),
+    # the transformer fast paths of a training step (edgetrain.graph.fuse): Gelu keeping Phi(x) for its backward,
+    # softmax attention keeping its probabilities (only where a gradient flows: never in a frozen prefix), and
+    # the fused backward ops
+    OpRecord("GeluTraining", domain=PRIVATE_DOMAIN, rows=rows.elementwise),
+    OpRecord("Attention", domain=PRIVATE_DOMAIN),
+    *_all("GeluGrad LayerNormGrad AttentionGrad", domain=PRIVATE_DOMAIN, no_rule=_BACKWARD),
     *_QUANTIZED_OPS,
 ]
 OPS: dict[str, OpRecord] = {r.op_type: r for r in _TABLE}

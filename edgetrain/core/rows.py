@@ -5,7 +5,12 @@ each op's rule; edgetrain.graph.prefix reads them to cut a training step after i
 A rule reads RowFacts (static shapes, constant values, the state of every value seen so far) and says ROW (the
 node keeps its rows apart: a convolution of each image, an elementwise op against constants without a batch axis,
 a reduction over axes other than 0, ...) or MIXED (it mixes samples: BatchNorm in training mode, a reduction over
-the batch, a constant with a different value per batch position)."""
+the batch, a constant with a different value per batch position).
+
+A value may hold its samples along another axis than 0: a recurrence's input and outputs in layout 0 ([T, N, I]
+-> Y [T, D, N, H]). Its state is then row_at(k) (sample i's values are v[:, ..., i] on axis k), which only the
+rules that move the batch axis read (Transpose, Reshape, Squeeze/Unsqueeze, Gather, the recurrences); every other
+rule sees it as not a row. A rule may return one state per output (a recurrence's Y and states differ)."""
 
 from __future__ import annotations
 
@@ -16,6 +21,11 @@ import numpy as np
 from .ir import Graph, Node
 
 ROW, CONST, MIXED = "row", "const", "mixed"  # per value: sample i's result is row i / no data / samples mix
+
+
+def row_at(axis: int) -> str:
+    """The state of a value whose samples lie along `axis` (ROW for axis 0)."""
+    return ROW if axis == 0 else f"row@{axis}"
 
 
 class RowFacts:
@@ -45,6 +55,39 @@ class RowFacts:
             return False
         s = self.shape(v)
         return bool(s) and s[0] == self.batch and (rank is None or len(s) == rank)
+
+    def batch_axis(self, v: str) -> int | None:
+        """The axis v holds its samples along (0 for a row), or None when it is not per sample."""
+        st = self.state.get(v, "")
+        if st != ROW and not st.startswith("row@"):
+            return None
+        axis = 0 if st == ROW else int(st[4:])
+        s = self.shape(v)
+        return axis if len(s) > axis and s[axis] == self.batch else None
+
+    def same_along(self, v: str, axis: int) -> bool:
+        """A constant that gives every sample the same values along `axis` (size 1 there, equal slices, or an
+        Expand of such a constant)."""
+        if self.state.get(v) != CONST:
+            return False
+        s = self.shape(v)
+        if len(s) <= axis or s[axis] == 1:
+            return True
+        a = self.const(v)
+        if a is not None:
+            first = np.take(a, [0], axis=axis)
+            return bool(np.array_equal(a, np.broadcast_to(first, a.shape)))
+        producer = self._producer(v)
+        if producer is None or producer.op_type != "Expand":
+            return False
+        src = producer.inputs[0]
+        lead = len(s) - len(self.shape(src))  # Expand aligns shapes to the right
+        return axis < lead or self.same_along(src, axis - lead)
+
+    def _producer(self, v: str) -> Node | None:
+        if not hasattr(self, "_producers"):
+            self._producers = {o: n for n in self.graph.nodes for o in n.outputs if o}
+        return self._producers.get(v)
 
     def same_for_all(self, v: str, rank: int) -> bool:
         """A constant operand that broadcasts over the rows without telling them apart: no batch axis of its own,
@@ -108,28 +151,51 @@ def axes(n: Node, f: RowFacts) -> str:
             return per_sample(n, f)
         return MIXED if n.op_type != "Squeeze" or f.batch == 1 else reshape(n, f)
     rank = f.rank(n.outputs[0] if n.op_type == "Unsqueeze" else n.inputs[0])
-    return MIXED if 0 in {_axis(int(a), rank) for a in axes} else per_sample(n, f)
+    axes = {_axis(int(a), rank) for a in axes}
+    b = f.batch_axis(n.inputs[0])
+    if b and n.op_type in ("Squeeze", "Unsqueeze"):  # samples along another axis than 0: follow it
+        return _moved_axis(n.op_type, b, axes, rank)
+    return MIXED if 0 in axes else per_sample(n, f)
+
+
+def _moved_axis(op: str, b: int, axes: set[int], rank: int) -> str:
+    """Where Squeeze / Unsqueeze (of these axes, normalized for rank) puts the batch axis b."""
+    if op == "Squeeze":
+        return MIXED if b in axes else row_at(b - sum(1 for a in axes if a < b))
+    kept = [k for k in range(rank) if k not in axes]  # the output axes the input's fill, in order
+    return row_at(kept[b])
 
 
 def reshape(n: Node, f: RowFacts) -> str:
-    """Reshape and the like: when input and output both lead with the batch, row-major order keeps row i as row i."""
+    """Reshape and the like: when input and output both lead with the batch, row-major order keeps row i as row i;
+    likewise at the axis of the output whose leading dimensions hold as many elements as those before the input's
+    batch axis, when it is the batch's size (sample i stays at index i there)."""
     x, y = n.inputs[0], n.outputs[0]
-    if (
-        f.is_row(x)
-        and f.shape(y)[:1] == (f.batch,)
-        and all(f.state.get(i) == CONST for i in n.inputs[1:] if i)
-    ):
-        return ROW
+    b = f.batch_axis(x)
+    if b is None or any(f.state.get(i) != CONST for i in n.inputs[1:] if i):
+        return MIXED
+    before = int(np.prod(f.shape(x)[:b], dtype=np.int64))
+    ys = f.shape(y)
+    for k in range(len(ys)):
+        lead = int(np.prod(ys[:k], dtype=np.int64))
+        if lead == before and ys[k] == f.batch:
+            return row_at(k)
+        if lead > before:
+            break
     return MIXED
 
 
 def transpose(n: Node, f: RowFacts) -> str:
     perm = n.attrs.get("perm")
-    return per_sample(n, f) if perm is not None and int(perm[0]) == 0 else MIXED
+    b = f.batch_axis(n.inputs[0])
+    if perm is None or b is None:
+        return MIXED
+    return row_at([int(p) for p in perm].index(b))  # the batch axis moves where perm puts it
 
 
 def expand(n: Node, f: RowFacts) -> str:
-    return reshape(n, f) if f.rank(n.inputs[0]) == f.rank(n.outputs[0]) else MIXED
+    same_rank = f.rank(n.inputs[0]) == f.rank(n.outputs[0])
+    return reshape(n, f) if same_rank and f.batch_axis(n.inputs[0]) == 0 else MIXED
 
 
 def tile(n: Node, f: RowFacts) -> str:
@@ -169,8 +235,9 @@ def split(n: Node, f: RowFacts) -> str:
 def gather(n: Node, f: RowFacts) -> str:
     data, idx = n.inputs[0], n.inputs[1]
     axis = _axis(int(n.attrs.get("axis", 0)), f.rank(data))
-    if axis != 0 and f.is_row(data) and f.state.get(idx) == CONST:
-        return ROW
+    b = f.batch_axis(data)
+    if b is not None and axis != b and f.state.get(idx) == CONST:  # the output's axes: data's, idx's at axis
+        return row_at(b if axis > b else b - 1 + f.rank(idx))
     if axis == 0 and f.state.get(data) == CONST and f.is_row(idx):  # an embedding lookup per sample
         return ROW
     return MIXED
@@ -224,3 +291,23 @@ def layernorm(n: Node, f: RowFacts) -> str:
     if _axis(int(n.attrs.get("axis", -1)), f.rank(n.inputs[0])) == 0:
         return MIXED
     return per_sample(n, f)
+
+
+def recurrent(n: Node, f: RowFacts) -> str | list[str]:
+    """LSTM, GRU, RNN: each sample's sequence runs by itself along the batch axis (1 in layout 0, 0 in layout 1)
+    with the constant weights; sequence lengths and initial states per sample or the same for all. Y holds the
+    samples on axis 2 (layout 0) or 0, the final states on axis 1 or 0."""
+    layout = int(n.attrs.get("layout", 0))
+    b = 0 if layout else 1
+    if f.batch_axis(n.inputs[0]) != b:
+        return MIXED
+    ins = list(n.inputs) + [""] * 8
+    if any(ins[k] and f.state.get(ins[k]) != CONST for k in (1, 2, 3, 7)):  # W, R, B, P
+        return MIXED
+    lens = ins[4]
+    if lens and not (f.batch_axis(lens) == 0 or f.same_along(lens, 0)):
+        return MIXED
+    for state in (ins[5], ins[6] if n.op_type == "LSTM" else ""):
+        if state and not (f.batch_axis(state) == 1 - layout or f.same_along(state, 1 - layout)):
+            return MIXED
+    return [row_at(0 if layout else 2)] + [row_at(1 - layout)] * (len(n.outputs) - 1)

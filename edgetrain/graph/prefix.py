@@ -40,6 +40,7 @@ def split_step(
     if not first.is_static or not first.shape:
         return None, "the training program's batch is symbolic"
     f, in_prefix, const_nodes, stop = _walk(graph, data_inputs, int(first.shape[0]), exclude)
+    in_prefix = _settle(graph, f, in_prefix)
     if not in_prefix:
         if stop:
             return None, f"nothing frozen can be cached from the first node on ({stop})"
@@ -83,18 +84,43 @@ def _walk(
                 stop = stop or f"{n.label}: {why}"
             else:
                 in_prefix.append(n)
-        for o in n.outputs:
+        states = state if isinstance(state, list) else [state] * len(n.outputs)
+        for o, st in zip(n.outputs, states):
             if o:
-                f.state[o] = state
+                f.state[o] = st
     return f, in_prefix, const_nodes, stop
 
 
-def _rows_of(n: Node, f: RowFacts, exclude: Collection[str]) -> tuple[str, str]:
-    """(ROW, "") when node n keeps its rows apart by its op's row rule, else (MIXED, why not)."""
+def _settle(graph: Graph, f: RowFacts, in_prefix: list[Node]) -> list[Node]:
+    """The prefix without the nodes whose results the rest would read with the samples along another axis than 0
+    (a recurrence's Y in layout 0): the cache keeps rows. What such a node feeds in the prefix goes too."""
+    while True:
+        moved = {id(n) for n in in_prefix}
+        read_later = {i for n in graph.nodes if id(n) not in moved for i in n.inputs if i} | set(
+            graph.outputs
+        )
+        bad = {id(n) for n in in_prefix if any(o in read_later and not f.is_row(o) for o in n.outputs if o)}
+        if not bad:
+            return in_prefix
+        dropped: set[str] = set()
+        kept = []
+        for n in in_prefix:
+            if id(n) in bad or any(i in dropped for i in n.inputs):
+                dropped.update(o for o in n.outputs if o)
+            else:
+                kept.append(n)
+        in_prefix = kept
+
+
+def _rows_of(n: Node, f: RowFacts, exclude: Collection[str]) -> tuple[str | list[str], str]:
+    """(its state, "") when node n keeps its rows apart by its op's row rule (one state, or one per output: ROW,
+    or the samples along another axis), else (MIXED, why not)."""
     rule = record(n.op_type).rows
     try:
         state = rule(n, f) if rule is not None else MIXED
     except (IndexError, KeyError, TypeError, ValueError):  # a shape or constant the rule cannot read
+        state = MIXED
+    if isinstance(state, list) and MIXED in state:
         state = MIXED
     if any(o in exclude for o in n.outputs if o):
         return MIXED, "its results for a sample change with the sample's position in the batch"
@@ -103,7 +129,7 @@ def _rows_of(n: Node, f: RowFacts, exclude: Collection[str]) -> tuple[str, str]:
             MIXED,
             "no rule says it keeps samples apart" if rule is None else "it mixes the samples of a batch",
         )
-    return ROW, ""
+    return state, ""
 
 
 def _cut(

@@ -920,6 +920,9 @@ def _back_through_time(
     p = spec.p[d] if spec.p is not None else None
     slopes = _slopes(spec, tr, d)
     slope_h = spec.acts[d][2].slope(tr.c[1:], tr.extra) if spec.op == "LSTM" else None
+    if spec.op == "LSTM" and p is None and not spec.input_forget and m is None:
+        dh, dc = _lstm_loop(spec, tr, dy_d, dh, dc, r, da, slopes, slope_h)
+        return da, None, dh, dc
     # the hot path: per step, only the cell's own call; da and extra_grad are filled in place, step by step
     for t in range(t_len - 1, -1, -1):
         # the state after step t is h[t+1]; with a mask, a padded step passes its gradient straight through
@@ -946,6 +949,35 @@ def _back_through_time(
             if dc is not None:
                 dc = dc + dc_pass
     return da, extra_grad, dh, dc
+
+
+def _lstm_loop(spec: Spec, tr: Trace, dy_d, dh, dc, r, da, s, s_h) -> tuple[np.ndarray, np.ndarray]:
+    """Back through time for an LSTM without peepholes, input_forget or lengths (the common cell), in seven
+    numpy calls a step: each gate's gradient is dct (the cell state's) times a factor computed for all steps at
+    once, o's is dh times its own. Fills da [T, N, 4H]; returns (d initial_h, d initial_c). s and s_h (the gates'
+    and h's slopes, owned here) become those factors in place."""
+    hs = spec.hidden
+    t_len, n, _ = da.shape
+    g = tr.gates
+    s[..., :hs] *= g[..., 3 * hs :]  # i = dct * gc * slope_i
+    s[..., hs : 2 * hs] *= tr.extra  # o = dh * h_act(c) * slope_o
+    s[..., 2 * hs : 3 * hs] *= tr.c[:-1]  # f = dct * c_prev * slope_f
+    s[..., 3 * hs :] *= g[..., :hs]  # c = dct * gi * slope_c
+    s_h *= g[..., hs : 2 * hs]  # dct = dh * o * slope_h(c) + dc
+    m4, da4 = s.reshape(t_len, n, 4, hs), da.reshape(t_len, n, 4, hs)
+    gf = g[..., 2 * hs : 3 * hs]
+    dct = np.empty((n, hs), da.dtype)
+    dh_new = np.empty((n, hs), da.dtype) if dy_d is not None else dh
+    for t in range(t_len - 1, -1, -1):
+        if dy_d is not None:
+            np.add(dh, dy_d[t], out=dh_new)
+        np.multiply(dh_new, s_h[t], out=dct)
+        dct += dc
+        np.multiply(dct[:, None, :], m4[t], out=da4[t])  # o's slot too, overwritten next
+        np.multiply(dh_new, m4[t, :, 1], out=da4[t, :, 1])
+        np.multiply(dct, gf[t], out=dc)
+        np.dot(da[t], r, out=dh)
+    return dh, dc
 
 
 def _weight_grads(
