@@ -15,6 +15,7 @@ from edgetrain.core.errors import ShapeError, UnsupportedError
 from edgetrain.core.interpreter import compile_step
 from edgetrain.core.ir import Graph, TensorInfo, about
 from edgetrain.graph.adapters import LoraModule
+from edgetrain.graph.fuse import fuse_for_training
 from edgetrain.graph.passes import fold_constants, make_static, prune
 from edgetrain.graph.quantized import Lowered, refreeze
 from edgetrain.graph.quantized import lower as lower_quantized
@@ -283,6 +284,7 @@ def _extend(inference: Graph, prediction: str, params, trainable, loss: ILoss, o
             f"the loss must be a scalar; {type(loss).__name__} built a value of shape "
             f"{list(ctx.shape(loss_value))}"
         )
+    fuse_for_training(b, params)  # the transformer fast paths, where a gradient will flow (graph/fuse.py)
     grads = differentiate(ctx, loss_value, params)
     unreached = [p for p in params if grads[p] is None]
     if unreached and trainable is not None:

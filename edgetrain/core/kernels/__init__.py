@@ -29,6 +29,7 @@ MODULES = (
     "recurrent",
     "resize",
     "tensor",
+    "transformer",
 )
 
 _lock = RLock()

@@ -6,11 +6,13 @@ import string
 
 import numpy as np
 
+from edgetrain.core import fastpaths
 from edgetrain.core.errors import UnsupportedError
 from edgetrain.core.ir import Node
 from edgetrain.core.kernels.cast import NUMPY_TO_ONNX, onnx_type
 from edgetrain.derive.autodiff.context import GradContext
 from edgetrain.derive.autodiff.registry import body, grad
+from edgetrain.derive.autodiff.rules.transformer import layer_norm_grad_fused
 
 Grads = list[str | None]
 
@@ -404,6 +406,10 @@ def _batch_norm_training_grad(g: GradContext, node: Node, dys: Grads, needs: lis
 # when x is float32, and their own gradients add dx += dMean / n - dInvStdDev * istd^3 * (x - mean) / n.
 @grad("LayerNormalization")
 def layer_norm_grad(g: GradContext, node: Node, dys: Grads, needs: list[bool]) -> Grads:
+    if fastpaths.enabled("layernorm"):  # one fused LayerNormGrad where the forward kept its statistics
+        fused = layer_norm_grad_fused(g, node, dys, needs)
+        if fused is not None:
+            return fused
     x, scale = node.inputs[:2]
     shape = g.shape(x)
     axis = int(g.attr(node, "axis")) % len(shape)

