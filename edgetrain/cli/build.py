@@ -116,6 +116,9 @@ def run_convert(args: argparse.Namespace) -> int:
         parameters=args.parameters,
         preprocessing=_declared_preprocessing(args),
         adapters=_lora(args),
+        recompute=args.recompute,
+        memory_budget=args.memory_budget,
+        progress=_budget_progress(args),
     )
     fallback = None
     try:
@@ -178,9 +181,83 @@ def run_check(args: argparse.Namespace) -> int:
         raise UsageError("give the MODEL to check, or --ops to list the ops edgetrain supports")
     from edgetrain.derive.check import check  # needs onnx to read the model (inspect and check --ops do not)
 
-    report = check(args.model, batch_size=args.batch_size)
+    if getattr(args, "memory_budget", None):
+        return _check_budget(args)
+    report = check(args.model, batch_size=args.batch_size or 1)
     print(report.text())
     return 0 if report.derivable else 1
+
+
+def _budget_progress(args: argparse.Namespace):
+    """Each option weighed for --memory-budget, as a line on stderr (tens of seconds on a large model)."""
+    if not getattr(args, "memory_budget", None):
+        return None
+    return lambda line: print(line, file=sys.stderr, flush=True)
+
+
+def _check_budget(args: argparse.Namespace) -> int:
+    """`check --memory-budget SIZE`: every option weighed, its planned peak and what it trains, and the pick."""
+    from edgetrain.derive.budget import parse_bytes, size_text  # build side
+    from edgetrain.derive.pipeline import memory_options  # build side
+
+    defaults = dict(loss="cross-entropy", label_smoothing=None, ignore_index=None, class_axis=None, lr=None)
+    defaults.update(momentum=None, nesterov=False, clip_grad_norm=None)
+    step_args = argparse.Namespace(
+        **{**defaults, "optimizer": args.optimizer, "weight_decay": args.weight_decay}
+    )
+    budget = parse_bytes(args.memory_budget)
+    batch = args.batch_size or 32
+    print(
+        f"weighing the ways to train {args.model} at batch {batch} within {size_text(budget)} ...",
+        file=sys.stderr,
+    )
+    optimizer = _make_optimizer(step_args)
+    options, pick = memory_options(
+        args.model,
+        loss=_make_loss(step_args),
+        optimizer=optimizer,
+        memory_budget=budget,
+        trainable=args.trainable,
+        batch_size=batch,
+        progress=_budget_progress(args),
+    )
+    print(
+        f"memory budget {size_text(budget)} ({budget:,} bytes), batch {batch}, {_config_text(optimizer.config())}"
+    )
+    print(
+        "the budget counts the step's planned peak without the frozen weights, which stay in the file's pages "
+        "(edgetrain inspect shows both)"
+    )
+    rows = [("option", "recompute", "trainable", "values", "budgeted", "planned peak", "")]
+    shown: dict[tuple, int] = {}
+    for o in options:
+        same = shown.get((o.name, tuple(o.trainable)))
+        if same == o.peak and o is not pick:  # a recomputation level that changes nothing: not a row
+            continue
+        shown[(o.name, tuple(o.trainable))] = o.peak
+        mark = "<- convert picks" if o is pick else ("fits" if o.peak <= budget else "")
+        rows.append(
+            (
+                o.name,
+                o.recompute,
+                str(len(o.trainable)),
+                f"{o.values:,}",
+                size_text(o.peak),
+                size_text(int(o.parts["peak_bytes"])),
+                mark,
+            )
+        )
+    widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
+    for r in rows:
+        print("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    if pick is None:
+        smallest = min(options, key=lambda o: o.peak)
+        print(
+            f"nothing fits: the smallest option needs {size_text(smallest.peak)}; give at least that, or a smaller --batch-size"
+        )
+        return 1
+    print(f"convert --memory-budget {args.memory_budget} trains {pick.name} (recompute {pick.recompute})")
+    return 0
 
 
 def run_inspect(args: argparse.Namespace) -> int:

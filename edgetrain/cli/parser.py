@@ -161,6 +161,22 @@ def convert_arguments(c: argparse.ArgumentParser) -> None:
         "with a fixed one (checked against the model as exported)",
     )
     c.add_argument("--model-output", help="the model output the loss reads (default: the first)")
+    c.add_argument(
+        "--memory-budget",
+        metavar="SIZE",
+        help="train what fits in SIZE (e.g. 24MB, 24MiB): every parameter, else every bias and the last layers, "
+        "else the last layers, with activations recomputed where that fits more; the step's planned peak without "
+        "the frozen weights (which stay in the file's pages) stays within SIZE (`edgetrain check --memory-budget` "
+        "lists the options)",
+    )
+    c.add_argument(
+        "--recompute",
+        choices=["none", "cheap", "segments"],
+        default="none",
+        help="recompute saved activations in the backward instead of keeping them: cheap (activations of cheap "
+        "ops, from kept values), segments (all but every k-th layer's output); the same step, bit for bit, in "
+        "less memory (default none; --memory-budget chooses for itself)",
+    )
     _lora_arguments(c)
     _preprocessing_arguments(c)
     c.add_argument("--emit-onnx", metavar="STEP.onnx", help="also write the training step as standard ONNX")
@@ -242,7 +258,24 @@ def _add_check(sub, common: argparse.ArgumentParser) -> None:
         help="trainability report: ops, gradient coverage, parameters, what fails and why",
     )
     c.add_argument("model", nargs="?", help="an ONNX inference model (.onnx)")
-    c.add_argument("--batch-size", type=int, default=1, help="batch size to check shapes at (default 1)")
+    c.add_argument(
+        "--batch-size",
+        type=int,
+        help="batch size to check shapes at (default 1; with --memory-budget, the training batch: default 32)",
+    )
+    c.add_argument(
+        "--memory-budget",
+        metavar="SIZE",
+        help="list the ways to train within SIZE (e.g. 24MB, 24MiB): what trains, what is recomputed, each one's "
+        "planned peak and trainable count, and the one `convert --memory-budget` picks",
+    )
+    c.add_argument(
+        "--optimizer", choices=list(DEFAULT_LR), default="sgd", help="with --memory-budget (default sgd)"
+    )
+    c.add_argument("--weight-decay", type=float, help="with --memory-budget")
+    c.add_argument(
+        "--trainable", nargs="+", metavar="PATTERN", help="with --memory-budget: the most that may train"
+    )
     c.add_argument(
         "--ops",
         action="store_true",

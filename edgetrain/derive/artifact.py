@@ -107,10 +107,13 @@ def save_artifact(art: TrainingArtifact, path: str | os.PathLike) -> int:
     return write_container(path, kind="artifact", header=header, tensors=tensors)
 
 
-def artifact_contents(art: TrainingArtifact) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+def artifact_contents(
+    art: TrainingArtifact, *, fused_only: bool = False
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """The artifact file's header and tensors: the step planned (and the fused step, planned on its own), the
-    base graph, the initial state (zeros declared, not stored), and what the int8 export and adapters need."""
-    program, plan = plan_memory(art.graph)
+    base graph, the initial state (zeros declared, not stored), and what the int8 export and adapters need.
+    fused_only: the whole step is not planned when there is a fused one (for its planned peak, not for a file)."""
+    program, plan = plan_memory(art.graph, reorder=not (fused_only and art.fused is not None))
     prog_dict, tensors = graph_to_dict(program)
     fused = None
     if (

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -27,11 +27,15 @@ from edgetrain.graph.rebatch import (
     fixed_batch,
     verify_batch_plan,
 )
+from edgetrain.graph.recompute import recompute as recompute_activations
 
 from .adapters import IAdapter
 from .artifact import UPDATED, TrainingArtifact
 from .autodiff.context import ShapedBuilder, default_shape_rule
 from .autodiff.driver import differentiate
+from .budget import Option, parse_bytes
+from .budget import fit as fit_budget
+from .budget import options as budget_options
 from .losses import ILoss
 from .manifest import read_manifest
 from .optimizers import IOptimizer, TrainingContext
@@ -75,6 +79,9 @@ def convert(
     parameters: Any = None,
     preprocessing: Any = None,
     adapters: IAdapter | None = None,
+    recompute: str = "none",
+    memory_budget: int | str | None = None,
+    progress: Any = None,
 ) -> TrainingArtifact:
     """ONNX inference model (path, bytes, onnx.ModelProto, or a static edgetrain Graph) -> TrainingArtifact.
     loss: any ILoss; optimizer: any IOptimizer; trainable: None for every parameter, or names / glob patterns;
@@ -84,7 +91,11 @@ def convert(
     its own (edgetrain.torch_export writes one into the model); preprocessing is the input pipeline (a
     loaders.InputPipeline or its JSON dict) that turns raw data into the model's input, stored in the artifact (default:
     the model's metadata_props "edgetrain.preprocessing", else none); adapters is an adapter module (et.LoRA(rank=8,
-    alpha=16, targets=[...])) inserted into the graph: then only the adapters train, with what trainable adds."""
+    alpha=16, targets=[...])) inserted into the graph: then only the adapters train, with what trainable adds;
+    recompute ("none", "cheap", "segments") recomputes saved activations in the backward instead of keeping them
+    (edgetrain.graph.recompute: the same step, bit for bit, with a smaller arena); memory_budget (bytes, or "24MB")
+    chooses what trains (at most what trainable asks) and what is recomputed so that the step's planned peak fits
+    (edgetrain.derive.budget), and progress (a callable taking a line of text) hears each option weighed."""
     if not isinstance(loss, ILoss):
         raise UnsupportedError(
             f"loss must be an ILoss (e.g. et.CrossEntropyLoss()), not {type(loss).__name__}"
@@ -99,15 +110,24 @@ def convert(
         )
     source = os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
     with about(source):  # every fault found on the way names the model file
-        art = _convert(model, loss, optimizer, trainable, batch_size, output, (untie, parameters, adapters))
+        budget = None if memory_budget is None else parse_bytes(memory_budget)
+        art = _convert(
+            model,
+            (loss, optimizer, output),
+            trainable,
+            batch_size,
+            (untie, parameters, adapters),
+            (recompute, budget, progress),
+        )
         art.preprocessing, notes = declared_pipeline(art.base, preprocessing)
         art.notes.extend(notes)
         return art
 
 
-def _convert(model, loss, optimizer, trainable, batch_size, output, reading) -> TrainingArtifact:
+def _convert(model, objective, trainable, batch_size, reading, memory) -> TrainingArtifact:
     """The stages: import -> parameter roles -> static shapes (re-batched) -> loss -> autodiff -> optimizer -> the
-    step as a pure function -> the fused step. The memory plan and the file come with TrainingArtifact.save."""
+    step as a pure function -> recomputation -> the fused step. The memory plan and the file come with
+    TrainingArtifact.save. With a memory budget, the stages after the import run once per option weighed."""
     # onnx's shape inference where onnx is installed: large values stay unallocated
     rule = default_shape_rule()
     imported, provenance = _import(model)
@@ -115,11 +135,83 @@ def _convert(model, loss, optimizer, trainable, batch_size, output, reading) -> 
         node
     ) in imported.nodes:  # an op edgetrain does not run is the first thing to say (a quantized model, say)
         compile_step(node)
-    m = _static_model(imported, trainable, batch_size, rule, reading)
+    recompute, budget, progress = memory
+    if budget is None:
+        m = _static_model(imported, trainable, batch_size, rule, reading)
+        return _derive(m, _step(m, trainable, objective, rule), level=recompute, provenance=provenance)
+    build = _builder(imported, objective, trainable, batch_size, reading, rule, provenance)
+    weigh = fit_budget if recompute != "options" else budget_options
+    return weigh(build, budget, trainable=trainable, adapters=reading[2] is not None, progress=progress)
+
+
+def _builder(imported, objective, trainable, batch_size, reading, rule, provenance):
+    """build(chosen, level) -> the artifact that trains `chosen` with recomputation `level`, for the options of
+    a memory budget: they differ in what trains and what is recomputed, so a float model is made static once (an
+    int8 one once per option: its frozen weights go back to int8), and each option's step is derived once for
+    its levels."""
+    ceiling = _static_model(imported, trainable, batch_size, rule, reading)
+    last: dict[tuple[str, ...], Any] = {}
+
+    def build(chosen, level: str) -> TrainingArtifact:
+        key = tuple(chosen) if chosen is not None else ()
+        if key not in last:
+            m = ceiling
+            if chosen is not None and ceiling.lowered is not None:
+                m = _static_model(imported, chosen, batch_size, rule, reading)
+            elif chosen is not None:
+                m = replace(ceiling, chosen=[p for p in ceiling.chosen if p in set(chosen)])
+            last.clear()
+            last[key] = (m, _step(m, chosen, objective, rule))
+        m, step = last[key]
+        return _derive(m, step, level=level, provenance=provenance)
+
+    return build
+
+
+def memory_options(
+    model: Any,
+    *,
+    loss: ILoss,
+    optimizer: IOptimizer,
+    memory_budget: int | str,
+    trainable: str | Sequence[str] | None = None,
+    batch_size: int | None = None,
+    progress: Any = None,
+) -> tuple[list[Option], Option | None]:
+    """The ways to train `model` that `convert(..., memory_budget=...)` weighs, each with its planned peak and what
+    it trains, and the one convert picks (None: nothing fits) (edgetrain.derive.budget.options): what `edgetrain
+    check --memory-budget` prints."""
+    budget = parse_bytes(memory_budget)
+    source = os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
+    with about(source):
+        return _convert(
+            model,
+            (loss, optimizer, None),
+            trainable,
+            batch_size,
+            (False, None, None),
+            ("options", budget, progress),
+        )
+
+
+def _step(m: _StaticModel, trainable, objective, rule):
+    """The static model + the loss, gradient and update nodes -> the step as a pure function."""
+    loss, optimizer, output = objective
     prediction, params = _trainable(m.inference, m.chosen, trainable, output)
     ext = _extend(m.inference, prediction, params, trainable, loss, optimizer, rule)
     graph, initial, updates = _pure_step(m.inference, ext, rule)
+    return objective, ext, graph, initial, updates
+
+
+def _derive(m: _StaticModel, step, *, level: str, provenance) -> TrainingArtifact:
+    """The static model and its step -> the TrainingArtifact, with saved activations recomputed at `level` and
+    the fused step."""
+    (loss, optimizer, _), ext, graph, initial, updates = step
     outputs = list(m.inference.outputs)
+    graph, recomputed = recompute_activations(
+        graph, forward_outputs=[graph.outputs[0], *outputs], level=level
+    )
+    notes = [] if level == "none" else [f"recompute {level}: {recomputed.describe()}"]
     fused = _fused_program(graph, optimizer, ext.ctx, ext.params, ext.grads, graph.outputs[0], outputs)
     return TrainingArtifact(
         graph=graph,
@@ -138,7 +230,7 @@ def _convert(model, loss, optimizer, trainable, batch_size, output, reading) -> 
         optimizer_config=optimizer.config(),
         provenance=provenance,
         roles=m.roles,
-        notes=m.notes + ext.notes,
+        notes=m.notes + ext.notes + notes,
         batch_plan=m.batch_plan,
         fused=fused,
         quantized=None if m.lowered is None else m.lowered.header(ext.params),  # (header, its constants)

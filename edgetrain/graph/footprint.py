@@ -83,4 +83,7 @@ def step_footprint(
         "optimizer_buffers_bytes": buffers,
         "outputs_bytes": outputs,
     }
-    return {**parts, "peak_bytes": sum(parts.values()), "fused": bool(spec)}
+    peak = sum(parts.values())
+    # what a memory budget counts: the frozen weights stay in the file's read-only pages (the OS drops and reads
+    # them again as it needs, as a microcontroller keeps them in flash), the rest the step allocates and writes
+    return {**parts, "peak_bytes": peak, "budgeted_bytes": peak - constants, "fused": bool(spec)}

@@ -143,7 +143,9 @@ class _Facts:
             if value in seen or value not in self.producer or (value in kept and value != v):
                 return True
             nd = self.producer[value]
-            if not self.clonable(nd, heavy_too=heavy_too):
+            # a value the backward does not read is passed through only by a cheap node: a chain never reaches
+            # back beyond the saved values into the forward's heavy work (a head-only step would recompute it all)
+            if not self.clonable(nd, heavy_too=heavy_too and value in self.saved):
                 return False
             seen.add(value)
             if not all(visit(i) for i in nd.inputs if i):

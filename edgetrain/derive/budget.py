@@ -1,0 +1,248 @@
+"""Training within a memory budget (`convert --memory-budget 24MB`, `et.convert(..., memory_budget=...)`).
+
+The idea of the on-device training papers (TinyTL, "On-Device Training Under 256KB Memory", PockEngine), which no
+ONNX runtime offers: choose what to train and what to recompute so that the memory a training step writes fits the
+budget. That is the planned peak `edgetrain inspect` reports (arena, trainable parameters, optimizer state,
+buffers, outputs) without the frozen weights, which the session reads from the file's read-only pages: the OS
+drops and reads them again as it needs, as the papers' microcontrollers keep weights in flash. Both numbers are
+reported.
+The options, from the most the model can learn to the least, each with the three recomputation levels
+(edgetrain.graph.recompute: none, cheap, segments):
+
+1. every parameter (or those `trainable` names: the budget never trains more than asked);
+2. every bias, and the weights of the last k layers (the sparse update of "On-Device Training Under 256KB":
+   biases need no stored activations for their own gradient), the largest k that fits;
+3. the last k layers alone, the largest k that fits;
+4. the head (the last layer) alone.
+
+The first option whose planned peak fits is built; the others weighed on the way are kept in the artifact's header
+with their planned peaks, and `edgetrain check --memory-budget` prints them all.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgetrain.core.errors import ModelError, UnsupportedError
+from edgetrain.graph.footprint import FUSED_CHUNK, step_footprint
+from edgetrain.graph.recompute import LEVELS
+
+from .artifact import TrainingArtifact, artifact_contents
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+_UNITS.update({"K": 2**10, "M": 2**20, "G": 2**30})
+
+
+def parse_bytes(value: int | float | str) -> int:
+    """A budget as bytes: an int, or text such as '24MB' (10^6), '24MiB' or '24M' (2^20), '512KB'."""
+    if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
+        if value <= 0:
+            raise UnsupportedError(f"memory budget {value}: it must be a positive number of bytes")
+        return int(value)
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", str(value))
+    unit = m.group(2).upper() if m else None
+    if m is None or unit not in _UNITS or float(m.group(1)) <= 0:
+        raise UnsupportedError(
+            f"memory budget '{value}': write a positive size such as 24MB, 24MiB, 512KB or a number of bytes"
+        )
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+def size_text(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 1024:.1f} KiB"
+
+
+@dataclass
+class Option:
+    """One way to train: which tensors and which recomputation, with its planned peak."""
+
+    name: str  # "every parameter", "every bias + the last 3 of 53 layers", ...
+    trainable: list[str]
+    recompute: str
+    peak: int = 0  # what the budget counts: the planned peak without the frozen weights mapped from the file
+    values: int = 0  # trainable elements
+    parts: dict | None = None
+
+    def to_dict(self, budget: int) -> dict:
+        return {
+            "name": self.name,
+            "recompute": self.recompute,
+            "budgeted_bytes": self.peak,
+            "planned_peak_bytes": int(self.parts["peak_bytes"]) if self.parts else self.peak,
+            "trainable_tensors": len(self.trainable),
+            "trainable_values": self.values,
+            "fits": self.peak <= budget,
+        }
+
+
+def planned_peak(art: TrainingArtifact) -> dict:
+    """The planned peak of an artifact's training step, part by part, as `edgetrain inspect` will report it."""
+    header, tensors = artifact_contents(art, fused_only=True)
+    dtypes = {np.dtype(tensors[p].dtype) for p in art.parameters}
+    clipped = art.optimizer_config.get("clip_grad_norm") is not None and len(dtypes) > 1
+    return step_footprint(header, tensors, fused=art.fused is not None and not clipped, chunk=FUSED_CHUNK)
+
+
+Build = Callable[[Sequence[str] | None, str], TrainingArtifact]
+
+
+class Search:
+    """The options weighed for one budget, in order; build(trainable, recompute) converts the model."""
+
+    def __init__(self, build: Build, budget: int, *, trainable, progress: Callable[[str], None] | None):
+        self.build, self.budget, self.progress = build, budget, progress
+        self.trainable = trainable
+        self.weighed: list[Option] = []
+        self._built: dict[tuple[tuple[str, ...], str], TrainingArtifact] = {}
+
+    def weigh(self, name: str, trainable: list[str] | None, level: str) -> tuple[Option, TrainingArtifact]:
+        key = (tuple(trainable) if trainable is not None else ("*",), level)
+        seen = next((o for o in self.weighed if (tuple(o.trainable), o.recompute) == (key[0], level)), None)
+        if seen is not None and key in self._built:  # the same option under another name (the head, say)
+            return seen, self._built[key]
+        art = self._built.get(key)
+        if art is None:
+            art = self.build(trainable, level)
+            self._built = {key: art}  # the last one only: artifacts are large
+        mem = planned_peak(art)
+        opt = Option(name, list(art.parameters), level, int(mem["budgeted_bytes"]), _values(art), mem)
+        self.weighed.append(opt)
+        if self.progress is not None:
+            verdict = "fits" if opt.peak <= self.budget else "too large"
+            self.progress(f"  {opt.name}, recompute {level}: {size_text(opt.peak)} ({verdict})")
+        return opt, art
+
+    def first_fit(self, name: str, trainable: list[str] | None) -> tuple[Option, TrainingArtifact] | None:
+        """The least recomputation with which these tensors fit, or None."""
+        for level in LEVELS:
+            opt, art = self.weigh(name, trainable, level)
+            if opt.peak <= self.budget:
+                return opt, art
+        return None
+
+    def largest_k(self, name: Callable[[int], str], pick: Callable[[int], list[str]], n: int):
+        """The largest k in 1..n that fits at some recomputation level, with the least recomputation that does
+        (binary search: the step's memory grows with k); None when even k = 1 does not fit."""
+        lo, hi, best = 1, n, None
+        while lo <= hi:
+            k = (lo + hi) // 2
+            found = self.first_fit(name(k), pick(k))
+            if found is not None:
+                best, lo = found, k + 1
+            else:
+                hi = k - 1
+        return best
+
+
+def _values(art: TrainingArtifact) -> int:
+    return int(sum(np.asarray(art.initial[p]).size for p in art.parameters))
+
+
+def layers(art: TrainingArtifact) -> list[list[str]]:
+    """The trainable parameters grouped by layer, in the forward's order: a layer is the node that first reads a
+    weight (through rearranging ops), with the biases read right after it."""
+    roles = art.roles.entries if art.roles is not None else {}
+    position = {n.name: k for k, n in enumerate(art.inference.nodes)}
+    readers = {
+        n: min((position[r] for r in roles[n].nodes if r in position), default=len(position))
+        if n in roles
+        else len(position)
+        for n in art.parameters
+    }
+    out: list[list[str]] = []
+    last_reader = None
+    for p in sorted(art.parameters, key=lambda q: (readers[q], art.parameters.index(q))):
+        is_bias = p in roles and roles[p].role.startswith("bias")
+        if out and (is_bias or readers[p] == last_reader):
+            out[-1].append(p)
+        else:
+            out.append([p])
+        last_reader = readers[p] if not is_bias else last_reader
+    return out
+
+
+def biases(art: TrainingArtifact) -> list[str]:
+    roles = art.roles.entries if art.roles is not None else {}
+    return [p for p in art.parameters if p in roles and roles[p].role.startswith("bias")]
+
+
+def _everything(s: Search) -> tuple[tuple[Option, TrainingArtifact] | None, TrainingArtifact]:
+    """Every parameter asked for, at the least recomputation that fits (or None), and the last artifact built."""
+    name = "every parameter asked" if s.trainable is not None else "every parameter"
+    art = None
+    for level in LEVELS:
+        opt, art = s.weigh(name, s.trainable, level)
+        if opt.peak <= s.budget:
+            return (opt, art), art
+    assert art is not None
+    return None, art
+
+
+def _partial(s: Search, full: TrainingArtifact, *, every_level: bool):
+    """The layer options, from the most trained to the least: every bias + the last k layers, then the last k
+    layers; the first family's best fit (every_level: the second family is searched too, for check)."""
+    groups, bias = layers(full), biases(full)
+    n = len(groups)
+    if n < 2:
+        return None
+
+    def last(k: int) -> list[str]:
+        return [p for g in groups[n - k :] for p in g]
+
+    found = s.largest_k(
+        lambda k: f"every bias + the last {k} of {n} layers",
+        lambda k: list(dict.fromkeys(bias + last(k))),
+        n - 1,
+    )
+    if found is None or every_level:
+        alone = s.largest_k(lambda k: f"the last {k} of {n} layers", last, n - 1)
+        found = found or alone
+    return found
+
+
+def fit(build: Build, budget: int, *, trainable, adapters: bool, progress=None) -> TrainingArtifact:
+    """The artifact of the first option that fits the budget (see the module's docstring), with the options
+    weighed and the choice explained in its notes and header; ModelError when none fits."""
+    s = Search(build, budget, trainable=trainable, progress=progress)
+    chosen, full = _everything(s)
+    if chosen is None and not adapters:
+        chosen = _partial(s, full, every_level=False)
+    if chosen is None:
+        smallest = min(s.weighed, key=lambda o: o.peak)
+        raise ModelError(
+            f"no way to train this model fits a memory budget of {size_text(budget)}: the smallest planned peak "
+            f"is {size_text(smallest.peak)} ({smallest.name}, recompute {smallest.recompute}); give a budget of "
+            "at least that, or train at a smaller batch size (`edgetrain check --memory-budget` lists the options)"
+        )
+    opt, art = chosen
+    art.budget = {
+        "budget_bytes": budget,
+        "chosen": opt.to_dict(budget),
+        "weighed": [o.to_dict(budget) for o in s.weighed],
+    }
+    art.notes.append(
+        f"memory budget {size_text(budget)}: trains {opt.name} ({len(opt.trainable)} tensors, {opt.values:,} "
+        f"values), recompute {opt.recompute}: planned peak {size_text(opt.peak)}; {len(s.weighed)} option(s) "
+        "weighed (`edgetrain check --memory-budget` lists them)"
+    )
+    return art
+
+
+def options(build: Build, budget: int, *, trainable, adapters: bool, progress=None):
+    """(the options `check --memory-budget` shows, the one `fit` picks or None): every parameter at each
+    recomputation level, each layer family's search for its largest k, and the head at each level."""
+    s = Search(build, budget, trainable=trainable, progress=progress)
+    pick, full = _everything(s)
+    for level in LEVELS[len(s.weighed) :]:  # _everything stops at the first fit: weigh the rest too
+        s.weigh(s.weighed[0].name, trainable, level)
+    groups = layers(full)
+    if not adapters and len(groups) >= 2:
+        partial = _partial(s, full, every_level=True)
+        pick = pick or partial
+        for level in LEVELS:
+            s.weigh(f"the head (1 of {len(groups)} layers)", groups[-1], level)
+    return s.weighed, (None if pick is None else pick[0])
