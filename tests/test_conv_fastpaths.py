@@ -1,0 +1,242 @@
+"""The convolution kernels' fast paths (edgetrain.core.fastpaths: conv1x1, conv1x1_batched, conv_strided_flat,
+conv_gi_as_conv, depthwise) against the plain im2col / col2im path they replace, on varied shapes (groups,
+depthwise, dilations, strides, pads, 1x1, odd sizes, batch 1, 1-D and 3-D); the new paths against onnxruntime's
+Conv and float64 finite differences; and torchvision CNNs trained with every path on against every path off."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from grad_harness import check_grad
+from kernel_harness import ort_run, spy
+
+from edgetrain.core import fastpaths
+from edgetrain.core.kernels import nn as nn_kernels
+from edgetrain.core.kernels import nn_grad
+
+PATHS = (
+    nn_kernels.CONV1X1,
+    nn_kernels.CONV1X1_BATCHED,
+    nn_kernels.STRIDED_FLAT,
+    nn_kernels.GI_AS_CONV,
+    nn_kernels.DEPTHWISE,
+)
+# 1e-6 of the result's largest magnitude: the paths sum the same products in another order (other GEMM shapes)
+RTOL = 1e-6
+
+# name -> (X shape, W shape, attributes, the new paths it must take: "batched", "phases")
+CASES = {
+    "1x1_few_positions": ((3, 40, 3, 5), (24, 40, 1, 1), {}, {"batched"}),
+    "1x1_batch1": ((1, 16, 2, 2), (8, 16, 1, 1), {}, {"batched"}),
+    "1x1_one_position": ((4, 12, 1, 1), (20, 12, 1, 1), {}, set()),
+    "1x1_many_positions": ((2, 6, 9, 11), (5, 6, 1, 1), {}, set()),
+    "1x1_stride2_odd": ((2, 8, 5, 7), (6, 8, 1, 1), {"strides": [2, 2]}, {"batched"}),
+    "1x1_group2": ((2, 8, 3, 3), (6, 4, 1, 1), {"group": 2}, set()),
+    "1x1_1d": ((3, 5, 4), (7, 5, 1), {}, {"batched"}),
+    "1x1_3d": ((2, 6, 2, 3, 2), (4, 6, 1, 1, 1), {}, {"batched"}),
+    "stem_7x7_s2": ((2, 3, 19, 17), (8, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}, {"phases"}),
+    "stem_batch1": ((1, 3, 16, 16), (4, 3, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}, {"phases"}),
+    "strides23_asym_pads": (
+        (2, 4, 17, 19),
+        (6, 4, 3, 2),
+        {"strides": [2, 3], "pads": [1, 0, 2, 1]},
+        {"phases"},
+    ),
+    "strided_dilated_group2": (
+        (2, 4, 23, 21),
+        (6, 2, 3, 3),
+        {"strides": [3, 2], "dilations": [2, 1], "pads": [2, 1, 0, 1], "group": 2},
+        {"phases"},
+    ),
+    "strided_1d": ((2, 3, 29), (5, 3, 5), {"strides": [2], "pads": [2, 2]}, {"phases"}),
+    "strided_3d": (
+        (1, 3, 9, 10, 11),
+        (4, 3, 2, 3, 2),
+        {"strides": [2, 2, 3], "pads": [1, 0, 1, 1, 1, 0]},
+        {"phases"},
+    ),
+    "stride_gt_kernel": ((2, 2, 11, 10), (3, 2, 2, 2), {"strides": [3, 3], "pads": [1, 0, 0, 1]}, {"phases"}),
+    "same_upper_strided": (
+        (2, 2, 13, 12),
+        (3, 2, 3, 3),
+        {"auto_pad": "SAME_UPPER", "strides": [2, 2]},
+        set(),
+    ),
+    "depthwise_s2": (
+        (2, 6, 9, 9),
+        (6, 1, 3, 3),
+        {"group": 6, "strides": [2, 2], "pads": [1, 1, 1, 1]},
+        set(),
+    ),
+    "depthwise_mult2": ((1, 4, 8, 8), (8, 1, 3, 3), {"group": 4, "pads": [1, 1, 1, 1]}, set()),
+    "3x3_same_s1": ((2, 5, 8, 7), (6, 5, 3, 3), {"pads": [1, 1, 1, 1]}, set()),
+    "3x3_same_s1_batch1": ((1, 4, 6, 6), (3, 4, 3, 3), {"pads": [1, 1, 1, 1]}, set()),
+}
+
+
+def _rand(rng, shape, dtype=np.float32):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def _explicit(attrs: dict, x_shape, k) -> dict:
+    """The gradient kernels take explicit pads: auto_pad resolved as the Conv rule does."""
+    if "auto_pad" not in attrs:
+        return {a: v for a, v in attrs.items()}
+    _, p = nn_kernels.conv_output_shape(
+        x_shape[2:], k, auto_pad=attrs["auto_pad"], strides=attrs.get("strides")
+    )
+    return {**{a: v for a, v in attrs.items() if a != "auto_pad"}, "pads": list(p)}
+
+
+def _all_three(x, w, b, dy, attrs):
+    """Conv (with bias), ConvGradInput and ConvGradWeight (with dB) at these inputs."""
+    k = list(w.shape[2:])
+    geo = _explicit(attrs, x.shape, k)
+    y = nn_kernels.conv(x, w, b, **attrs)
+    dx = nn_grad.conv_grad_input(dy, w, output_shape=list(x.shape[2:]), **geo)
+    dw, db = nn_grad.conv_grad_weight(dy, x, kernel_shape=k, noutputs=2, **geo)
+    return y, dx, dw, db
+
+
+def _eager(monkeypatch):
+    """Thresholds at their lowest, so that the small shapes here take the paths that large layers take."""
+    monkeypatch.setattr(nn_kernels, "PHASE_MIN_POSITIONS", 1)
+    monkeypatch.setattr(nn_kernels, "FLAT_MAX_WASTE", 100.0)
+
+
+def _rel(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.max(np.abs(a.astype(np.float64) - b)) / max(np.max(np.abs(b)), 1e-30))
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_fast_paths_equal_plain(monkeypatch, case):
+    """Each kernel with every path on against every path off (and against each path off alone): within 1e-6 of
+    the result's scale; the new paths the case is there for are taken."""
+    _eager(monkeypatch)
+    xs, ws, attrs, expect = CASES[case]
+    rng = np.random.default_rng(sum(map(ord, case)))
+    x, w, b = _rand(rng, xs), _rand(rng, ws), _rand(rng, ws[:1])
+    y = nn_kernels.conv(x, w, b, **attrs)
+    dy = _rand(rng, y.shape)
+    calls = {
+        "phases": (spy(monkeypatch, nn_kernels, "PhaseColumns"), spy(monkeypatch, nn_grad, "PhaseColumns")),
+        "batched": (
+            spy(monkeypatch, nn_kernels, "batch_columns"),
+            spy(monkeypatch, nn_grad, "batch_columns"),
+        ),
+    }
+    fast = _all_three(x, w, b, dy, attrs)
+    for path in expect:
+        assert any(calls[path]), f"{case}: the {path} path was not taken"
+    with fastpaths.plain(*PATHS):
+        plain = _all_three(x, w, b, dy, attrs)
+    for name, f, p in zip(("Y", "dX", "dW", "dB"), fast, plain):
+        assert f.shape == p.shape and f.dtype == p.dtype, (name, f.shape, p.shape)
+        assert _rel(f, p) <= RTOL, f"{case}: {name} differs from the plain path by {_rel(f, p):.2e}"
+    for path in PATHS:
+        with fastpaths.plain(path):
+            one_off = _all_three(x, w, b, dy, attrs)
+        for name, f, p in zip(("Y", "dX", "dW", "dB"), one_off, plain):
+            assert _rel(f, p) <= RTOL, f"{case}: {name} with {path} off differs by {_rel(f, p):.2e}"
+
+
+def test_plain_env_turns_paths_off(monkeypatch):
+    """EDGETRAIN_PLAIN names the paths off for a whole process, as fastpaths.plain() does for a block."""
+    _eager(monkeypatch)
+    xs, ws, attrs, _ = CASES["stem_7x7_s2"]
+    rng = np.random.default_rng(1)
+    x, w = _rand(rng, xs), _rand(rng, ws)
+    calls = spy(monkeypatch, nn_kernels, "PhaseColumns")
+    monkeypatch.setenv("EDGETRAIN_PLAIN", nn_kernels.STRIDED_FLAT)
+    nn_kernels.conv(x, w, **attrs)
+    assert not calls
+    monkeypatch.delenv("EDGETRAIN_PLAIN")
+    nn_kernels.conv(x, w, **attrs)
+    assert calls
+
+
+@pytest.mark.parametrize("case", [c for c, v in CASES.items() if v[3]])
+def test_new_paths_vs_onnxruntime(monkeypatch, case):
+    """The forward through the new paths against onnxruntime's Conv."""
+    _eager(monkeypatch)
+    xs, ws, attrs, _ = CASES[case]
+    rng = np.random.default_rng(len(case))
+    x, w, b = _rand(rng, xs), _rand(rng, ws), _rand(rng, ws[:1])
+    expected = ort_run("Conv", [x, w, b], attrs)[0]
+    got = nn_kernels.conv(x, w, b, **attrs)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5 * float(np.max(np.abs(expected))))
+
+
+@pytest.mark.parametrize("case", [c for c, v in CASES.items() if v[3]])
+def test_new_paths_gradients_vs_finite_differences(monkeypatch, case):
+    """dX, dW and dB through the new paths against float64 finite differences, and the emitted backward run by
+    onnxruntime (the private gradient ops' function bodies) against edgetrain's kernels."""
+    _eager(monkeypatch)
+    xs, ws, attrs, expect = CASES[case]
+    phases = spy(monkeypatch, nn_kernels, "PhaseColumns"), spy(monkeypatch, nn_grad, "PhaseColumns")
+    batched = spy(monkeypatch, nn_kernels, "batch_columns"), spy(monkeypatch, nn_grad, "batch_columns")
+    rng = np.random.default_rng(3 + len(case))
+    check_grad("Conv", [rng.standard_normal(xs), rng.standard_normal(ws), rng.standard_normal(ws[:1])], attrs)
+    assert any(phases if "phases" in expect else batched)
+
+
+def test_one_position_pointwise_takes_no_transposes(monkeypatch):
+    """A 1x1 conv over 1x1 images (squeeze-and-excitation) multiplies [N, C] by W^T directly: no batch copies."""
+    calls = spy(monkeypatch, nn_kernels, "batch_columns"), spy(monkeypatch, nn_grad, "batch_columns")
+    rng = np.random.default_rng(5)
+    x, w, dy = _rand(rng, (8, 96, 1, 1)), _rand(rng, (4, 96, 1, 1)), _rand(rng, (8, 4, 1, 1))
+    y = nn_kernels.conv(x, w)
+    dx = nn_grad.conv_grad_input(dy, w, output_shape=[1, 1])
+    dw = nn_grad.conv_grad_weight(dy, x, kernel_shape=[1, 1])
+    assert not any(calls)
+    x64, w64, dy64 = (a.astype(np.float64) for a in (x, w, dy))
+    np.testing.assert_allclose(
+        y, np.einsum("nc,mc->nm", x64[:, :, 0, 0], w64[:, :, 0, 0])[..., None, None], 1e-5
+    )
+    np.testing.assert_allclose(dx[:, :, 0, 0], dy64[:, :, 0, 0] @ w64[:, :, 0, 0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(dw[:, :, 0, 0], dy64[:, :, 0, 0].T @ x64[:, :, 0, 0], rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------- real models: every path on against every one off
+
+CNNS = ("mobilenet_v2", "mobilenet_v3_small", "resnet18", "efficientnet_b0")
+
+
+def _train(path, x, y, steps: int):
+    import edgetrain as et
+
+    sess = et.TrainingSession(path)
+    losses = [sess.train_step(x, y) for _ in range(steps)]
+    return losses, sess.parameters()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", CNNS)
+def test_torchvision_cnn_trains_alike_with_paths_off(tmp_path_factory, model):
+    """The benchmark's torchvision CNNs (3x64x64, TorchScript export with BatchNorm folded, SGD with momentum and
+    weight decay, batch 4): three training steps with every convolution path on and with every one off give the
+    same losses and parameters (1e-6 of the loss; 1e-5 of each parameter's scale after three steps, which
+    amplify the first step's rounding differences)."""
+    exports = pytest.importorskip("exports", reason="the exports need torch")
+    exports.declare_torchvision_ops()  # before torchvision's first import (see tests/exports.py)
+    pytest.importorskip("torchvision", reason="torchvision is optional: pip install torchvision==0.28.0")
+
+    import edgetrain as et
+
+    ex = exports.export(model, tmp_path_factory.mktemp("exports"), mode="eval", batch=4)
+    art = et.convert(
+        str(ex.path),
+        loss=et.CrossEntropyLoss(),
+        optimizer=et.SGD(lr=0.01, momentum=0.9, weight_decay=5e-4),
+        batch_size=4,
+    )
+    path = tmp_path_factory.mktemp("art") / f"{model}.etrain"
+    art.save(path)
+    rng = np.random.default_rng(0)
+    x, y = _rand(rng, (4, 3, 64, 64)), rng.integers(0, 10, 4).astype(np.int64)
+    fast_losses, fast = _train(path, x, y, 3)
+    with fastpaths.plain(*PATHS):
+        plain_losses, plain = _train(path, x, y, 3)
+    np.testing.assert_allclose(fast_losses, plain_losses, rtol=1e-6)
+    for name, p in plain.items():
+        assert _rel(fast[name], p) <= 1e-5, f"{model}: {name} differs by {_rel(fast[name], p):.2e}"
