@@ -206,6 +206,8 @@ def _describe_artifact(path: Any, header: dict, tensors: dict, size: int) -> str
         f"planned peak of a training step: {_mb(mem['peak_bytes']).strip()} "
         f"(= {' + '.join(_mb(mem[k]).strip() for k, _ in rows)})",
     ] + [f"  {label:52s} {_mb(mem[k])}" for k, label in rows]
+    lines += [f"  {'what a memory budget counts (no frozen weights)':52s} {_mb(mem['budgeted_bytes'])}"]
+    lines += _budget_lines(header.get("memory_budget"))
     lines += ["", f"parameters: {len(params)} trainable, {len(frozen)} frozen"]
     for k in io["parameters"]:
         lines.append(f"  trainable {k:40s} {str(list(tensors[k].shape)):18s} {_mb(tensors[k].nbytes)}")
@@ -217,6 +219,25 @@ def _describe_artifact(path: Any, header: dict, tensors: dict, size: int) -> str
     if prov:
         lines += ["", "provenance: " + ", ".join(f"{k} {v}" for k, v in sorted(prov.items()))]
     return "\n".join(lines)
+
+
+def _count(value: Any) -> int:
+    """A byte count a header records, or 0 when it is not one (a hand-edited header: inspect still describes)."""
+    return value if _is_int(value) else 0
+
+
+def _budget_lines(budget: Any) -> list[str]:
+    """What `convert --memory-budget` chose and what it weighed, as the header records it."""
+    if not isinstance(budget, dict) or not isinstance(budget.get("chosen"), dict):
+        return []
+    c = budget["chosen"]
+    weighed = budget.get("weighed") if isinstance(budget.get("weighed"), list) else []
+    return [
+        "",
+        f"memory budget {_mb(_count(budget.get('budget_bytes'))).strip()}: trains {c.get('name', '?')} "
+        f"(recompute {c.get('recompute', '?')}), {_mb(_count(c.get('budgeted_bytes'))).strip()} counted; "
+        f"{len(weighed)} option(s) weighed, {sum(1 for o in weighed if isinstance(o, dict) and o.get('fits'))} fit",
+    ]
 
 
 def _pipeline(spec: Any) -> str:
