@@ -6,11 +6,14 @@ in onnxruntime, and three steps against PyTorch."""
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
 import pytest
 
+import edgetrain as et
+from edgetrain.core import fastpaths
 from edgetrain.core.interpreter import Interpreter
 from edgetrain.core.ir import Graph, Node, TensorInfo
 from edgetrain.core.kernels import KERNELS
@@ -20,6 +23,8 @@ torch = pytest.importorskip(
     "torch", reason="PyTorch is optional: pip install torch==2.13.0 (tools/test.sh does)"
 )
 ort = pytest.importorskip("onnxruntime")
+import exports  # noqa: E402  (needs torch, checked above)
+import transformer_models as tm  # noqa: E402
 
 SWITCHES = ("gelu", "layernorm", "attention", "gather_split")
 FUSED = {  # the private ops each switch puts into a step
@@ -221,3 +226,174 @@ def test_fused_ops_bodies_compute_their_kernels_in_onnxruntime(op, inputs, attrs
         np.testing.assert_allclose(
             a, b, rtol=1e-5, atol=1e-5 * max(1.0, float(np.abs(b).max())), err_msg=name
         )
+
+
+# ---- the fused step against the plain step ----------------------------------------------------------------------
+BATCH = 4
+CASES = [
+    pytest.param("vit", "torchscript", None, id="vit-torchscript", marks=pytest.mark.slow),
+    # decomposed LayerNorm and erf GELU
+    pytest.param("vit", "torchscript", 16, id="vit-torchscript-opset16", marks=pytest.mark.slow),
+    pytest.param("convnext", "torchscript", None, id="convnext-torchscript"),
+    pytest.param("convnext", "torchscript", 16, id="convnext-torchscript-opset16"),
+    pytest.param("vit", "dynamo", None, id="vit-dynamo", marks=pytest.mark.slow),
+    pytest.param("convnext", "dynamo", None, id="convnext-dynamo", marks=pytest.mark.slow),
+]
+# the private ops each model's full fine-tuning step holds on the fast paths (ConvNeXt has no attention)
+EXPECTED = {"vit": set().union(*FUSED.values()), "convnext": FUSED["gelu"] | FUSED["layernorm"]}
+
+
+def _convert(model, batch: int, *, loss=None, trainable=None, plain: tuple[str, ...] | None = None):
+    """The artifact of `model` (a path); plain: the fast paths turned off while converting (() for all)."""
+    kw = dict(
+        loss=loss or et.CrossEntropyLoss(), optimizer=et.SGD(**SGD), batch_size=batch, trainable=trainable
+    )
+    if plain is None:
+        return et.convert(str(model), **kw)
+    with fastpaths.plain(*plain):
+        return et.convert(str(model), **kw)
+
+
+def _train(art, folder, x, y, steps: int = 2) -> tuple[list[float], dict[str, np.ndarray]]:
+    path = folder / f"{len(list(folder.iterdir()))}.etrain"
+    art.save(path)
+    sess = et.TrainingSession(path)
+    return [sess.train_step(x, y) for _ in range(steps)], sess.parameters()
+
+
+def _private(art) -> set[str]:
+    return {n.op_type for n in art.graph.nodes if n.domain == PRIVATE_DOMAIN}
+
+
+def _assert_same_training(got, want, rtol: float = 1e-6) -> None:
+    """Losses and every trained parameter within rtol (relative to each tensor's largest value)."""
+    np.testing.assert_allclose(got[0], want[0], rtol=rtol, atol=0)
+    assert got[1].keys() == want[1].keys()
+    for k, ref in want[1].items():
+        np.testing.assert_allclose(got[1][k], ref, rtol=rtol, atol=rtol * np.abs(ref).max(), err_msg=k)
+
+
+@pytest.mark.parametrize("model,exporter,opset", CASES)
+def test_fused_step_equals_the_plain_step(export_dir, tmp_path, model, exporter, opset):
+    """Full fine-tuning with every fast path on: the fused ops are in the step, and two steps give the plain
+    step's losses and parameters within 1e-6 relative."""
+    e = tm.export(model, export_dir, exporter=exporter, opset=opset, batch=BATCH)
+    x, y = e.data()
+    fast, plain = _convert(e.path, BATCH), _convert(e.path, BATCH, plain=())
+    assert EXPECTED[model] <= _private(fast), _private(fast)
+    assert not _private(plain) & set().union(*FUSED.values())
+    _assert_same_training(_train(fast, tmp_path, x, y), _train(plain, tmp_path, x, y))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("switch", SWITCHES)
+def test_each_fast_path_alone_keeps_the_step(export_dir, tmp_path, switch):
+    """The ViT converted with one fast path off: that path's ops are gone, the others' stay, and the step is the
+    plain one within 1e-6."""
+    e = tm.export("vit", export_dir, batch=BATCH)
+    x, y = e.data()
+    art = _convert(e.path, BATCH, plain=(switch,))
+    ops = _private(art)
+    assert not ops & FUSED[switch] and set().union(*(FUSED[s] for s in SWITCHES if s != switch)) <= ops
+    gathers = sum(n.op_type == "Gather" for n in art.graph.nodes)  # 12 for q, k, v, 1 for the class token
+    assert gathers == (13 if switch == "gather_split" else 1), gathers
+    _assert_same_training(
+        _train(art, tmp_path, x, y), _train(_convert(e.path, BATCH, plain=()), tmp_path, x, y)
+    )
+
+
+def _language_models(export_dir):
+    """(name, ONNX path, loss, token batch, labels) of the tiny BERT classifier and GPT-2 LM the other tests use."""
+    bert = exports.export(exports.BERT, export_dir, exporter="torchscript", batch=None)
+    rng = np.random.default_rng(7)
+    ids = rng.integers(1, exports.BERT_VOCAB, (BATCH, exports.BERT_SEQ)).astype(np.int64)
+    yield (
+        "bert",
+        bert.path,
+        et.CrossEntropyLoss(),
+        ids,
+        rng.integers(0, bert.num_classes, BATCH).astype(np.int64),
+    )
+    lm, tokens = exports.gpt2(batch=BATCH)
+    path = f"{export_dir}/gpt2-torchscript.onnx"
+    exports.export_lm(lm, tokens, path, exporter="torchscript")
+    yield "gpt2", path, et.NextTokenLoss(), tokens.numpy(), tokens.numpy()
+
+
+@pytest.mark.slow
+def test_bert_and_gpt2_steps_equal_the_plain_steps(export_dir, tmp_path):
+    """Tiny BERT (post-LayerNorm, erf GELU, a padding mask added to the scores) and GPT-2 (tanh GELU, a causal mask
+    through Where): the fused steps equal the plain ones within 1e-6."""
+    for name, path, loss, x, y in _language_models(export_dir):
+        fast, plain = _convert(path, BATCH, loss=loss), _convert(path, BATCH, loss=loss, plain=())
+        assert FUSED["layernorm"] <= _private(fast), (name, _private(fast))
+        if name == "bert":
+            assert FUSED["attention"] | FUSED["gelu"] <= _private(fast), _private(fast)
+        _assert_same_training(_train(fast, tmp_path, x, y), _train(plain, tmp_path, x, y))
+
+
+def test_training_onnx_runs_the_fused_step_in_onnxruntime(export_dir):
+    """training_onnx() writes the fused ops as ONNX functions in standard ops: onnxruntime's step equals
+    edgetrain's (loss and every updated parameter)."""
+    e = tm.export("vit", export_dir, batch=2)
+    art = _convert(e.path, 2)
+    assert EXPECTED["vit"] <= _private(art)
+    x, y = e.data()
+    feeds = art.feeds({"input": x}, y)
+    ours = dict(zip(art.graph.outputs, Interpreter(art.graph).run(feeds)))
+    sess = ort.InferenceSession(art.training_onnx().SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [i.name for i in sess.get_inputs()]
+    theirs = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {n: feeds[n] for n in names})))
+    np.testing.assert_allclose(ours[art.loss], theirs[art.loss], rtol=1e-6)
+    for p, out in art.updates.items():
+        np.testing.assert_allclose(
+            ours[out], theirs[out], rtol=1e-5, atol=1e-5 * np.abs(theirs[out]).max(), err_msg=p
+        )
+
+
+@pytest.mark.parametrize("model", [pytest.param("vit", marks=pytest.mark.slow), "convnext"])
+def test_three_steps_follow_pytorch(export_dir, tmp_path, model):
+    """Full fine-tuning on the fast paths against PyTorch's autograd and SGD (momentum, weight decay) in float64
+    from the same weights: losses and parameters within 1e-4 relative over 3 steps."""
+    torch.set_num_threads(1)
+    e = tm.export(model, export_dir, batch=BATCH)
+    x, y = e.data()
+    losses, params = _train(_convert(e.path, BATCH), tmp_path, x, y, steps=3)
+    net = copy.deepcopy(e.module).double().train()
+    opt = torch.optim.SGD(net.parameters(), **SGD)
+    xt, yt = torch.from_numpy(x.astype(np.float64)), torch.from_numpy(y)
+    for step in range(3):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(net(xt), yt)
+        loss.backward()
+        opt.step()
+        assert losses[step] == pytest.approx(loss.item(), rel=1e-4), step
+    for t_name, p in net.named_parameters():
+        ref = p.detach().numpy()
+        ours = params[e.names[t_name]]
+        ours = ours.T if t_name in e.transposed else ours
+        np.testing.assert_allclose(ours, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max(), err_msg=t_name)
+
+
+def test_export_and_run_keep_the_models_own_ops(export_dir, tmp_path):
+    """The fused ops live in the training step alone: the personalized export holds the model's Gelu, LayerNorm,
+    Softmax and Gather nodes, onnxruntime runs it as run() does, and head-only fine-tuning fuses nothing."""
+    import onnx
+
+    e = tm.export("vit", export_dir, batch=BATCH)
+    x, y = e.data()
+    art = _convert(e.path, BATCH)
+    art.save(tmp_path / "m.etrain")
+    sess = et.TrainingSession(tmp_path / "m.etrain")
+    sess.train_step(x, y)
+    sess.export_onnx(tmp_path / "p.onnx")
+    proto = onnx.load(str(tmp_path / "p.onnx"))
+    ops = {n.op_type for n in proto.graph.node}
+    assert {"Gelu", "LayerNormalization", "Softmax", "Gather"} <= ops and not ops & set(EXPECTED["vit"])
+    assert all(n.domain in ("", "ai.onnx") for n in proto.graph.node)
+    ref = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"input": x}
+    )
+    np.testing.assert_allclose(sess.run(x), ref[0], rtol=1e-5, atol=1e-5)
+    head = _convert(e.path, BATCH, trainable=["head.weight", "head.bias"])
+    assert not _private(head) & set().union(*FUSED.values())
