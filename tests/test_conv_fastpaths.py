@@ -1,5 +1,5 @@
 """The convolution kernels' fast paths (edgetrain.core.fastpaths: conv1x1, conv1x1_batched, conv_strided_flat,
-conv_gi_as_conv, depthwise) against the plain im2col / col2im path they replace, on varied shapes (groups,
+conv_gi_as_conv, depthwise; maxpool_grad_grid) against the plain im2col / col2im path they replace, on varied shapes (groups,
 depthwise, dilations, strides, pads, 1x1, odd sizes, batch 1, 1-D and 3-D); the new paths against onnxruntime's
 Conv and float64 finite differences; and torchvision CNNs trained with every path on against every path off."""
 
@@ -20,6 +20,7 @@ PATHS = (
     nn_kernels.STRIDED_FLAT,
     nn_kernels.GI_AS_CONV,
     nn_kernels.DEPTHWISE,
+    nn_grad.MAXPOOL_GRAD_GRID,
 )
 # 1e-6 of the result's largest magnitude: the paths sum the same products in another order (other GEMM shapes)
 RTOL = 1e-6
@@ -240,3 +241,47 @@ def test_torchvision_cnn_trains_alike_with_paths_off(tmp_path_factory, model):
     np.testing.assert_allclose(fast_losses, plain_losses, rtol=1e-6)
     for name, p in plain.items():
         assert _rel(fast[name], p) <= 1e-5, f"{model}: {name} differs by {_rel(fast[name], p):.2e}"
+
+
+# ---------------------------------------------------------------- MaxPoolGrad on the phase grid
+
+POOLS = {
+    "resnet_3x3_s2": ((2, 5, 12, 12), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    "odd_ceil": ((2, 3, 13, 11), {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}),
+    "asym_pads_strides": ((1, 4, 9, 10), {"kernel_shape": [3, 2], "strides": [2, 1], "pads": [1, 0, 1, 1]}),
+    "dilated": ((2, 2, 11, 9), {"kernel_shape": [2, 3], "strides": [1, 2], "dilations": [2, 1]}),
+    "3d": ((1, 2, 6, 7, 5), {"kernel_shape": [3, 3, 2], "strides": [2, 2, 1], "pads": [1, 1, 0, 1, 0, 1]}),
+    "wide_few_pixels": ((3, 40, 4, 4), {"kernel_shape": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1]}),
+}
+
+
+@pytest.mark.parametrize("ties", [False, True])
+@pytest.mark.parametrize("case", list(POOLS))
+def test_max_pool_grad_grid_equals_plain_bitwise(monkeypatch, case, ties):
+    """maxpool_grad_grid runs the plain loop's operations in its order on the phase grid: the same bits, ties (the
+    first maximum in window order wins) and padding (never a maximum) included."""
+    calls = spy(monkeypatch, nn_grad, "_max_pool_grad_grid")
+    xs, attrs = POOLS[case]
+    rng = np.random.default_rng(len(case))
+    x = rng.integers(-3, 3, xs).astype(np.float32) if ties else _rand(rng, xs)
+    y = nn_kernels.max_pool(x, **attrs)
+    dy = _rand(rng, y.shape)
+    got = nn_grad.max_pool_grad(dy, x, y, **attrs)
+    assert calls
+    with fastpaths.plain(nn_grad.MAXPOOL_GRAD_GRID):
+        expected = nn_grad.max_pool_grad(dy, x, y, **attrs)
+    assert len(calls) == 1
+    np.testing.assert_array_equal(got, expected)
+    assert np.isclose(got.sum(), dy.sum(), rtol=1e-5)  # each dY lands on exactly one element
+
+
+@pytest.mark.parametrize("case", ["resnet_3x3_s2", "odd_ceil", "3d"])
+def test_max_pool_grad_grid_vs_finite_differences(monkeypatch, case):
+    """MaxPool's gradient through the grid path against float64 finite differences (distinct values: no ties,
+    away from kinks) and the emitted backward in onnxruntime."""
+    calls = spy(monkeypatch, nn_grad, "_max_pool_grad_grid")
+    xs, attrs = POOLS[case]
+    n = int(np.prod(xs))
+    x = (np.random.default_rng(2).permutation(n).reshape(xs) - n / 2) * 0.01
+    check_grad("MaxPool", [x], attrs)
+    assert calls

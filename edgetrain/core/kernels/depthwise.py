@@ -124,8 +124,11 @@ class _Grid:
             return np.zeros((self.nph, self.size + self.slack, self.n, self.c, self.mult), dtype)
         return np.zeros((self.c, self.nph, self.n * self.size + self.slack), dtype)
 
-    def place_input(self, x: np.ndarray) -> np.ndarray:
+    def place_input(self, x: np.ndarray, fill: float = 0) -> np.ndarray:
+        """x [N, C, sp...] placed in an input buffer whose padding holds fill (MaxPoolGrad's -inf)."""
         buf = self.input_buffer(x.dtype)
+        if fill:
+            buf.fill(fill)
         for dst, src in self._input_views(buf, x):
             np.copyto(dst, src)
         return buf
@@ -173,6 +176,12 @@ class _Grid:
 @functools.lru_cache(maxsize=256)
 def _grid(sp: Ints, p: Ints, s: Ints, d: Ints, k: Ints, o: Ints, n: int, c: int, cm: int) -> _Grid:
     return _Grid(sp, p, s, d, k, o, n, c, cm)
+
+
+def grid(sp, p, s, d, k, o, n, c, cm) -> _Grid:
+    """The phase grid (cached) of windows of kernel k (strides s, dilations d) over inputs [n, c, sp...] at begin
+    pads p, giving outputs [n, cm, o...]."""
+    return _geometry(sp, p, s, d, k, o, n, c, cm)
 
 
 def _geometry(sp, p, s, d, k, o, n, c, cm) -> _Grid:
