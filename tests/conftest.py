@@ -1,7 +1,12 @@
 """Shared test plumbing: a `report` fixture whose lines are printed in pytest's terminal summary
-(model timings, node-case counts), so CI logs carry the numbers."""
+(model timings, node-case counts), so CI logs carry the numbers; a `background` fixture that runs the long, mostly
+idle parts of slow tests (real Flower federations) side by side."""
 
 from __future__ import annotations
+
+import re
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -31,3 +36,38 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section(section)
         for line in lines:
             terminalreporter.write_line(line)
+
+
+# A real Flower federation spends most of its minute waiting: on Flower's polling (every 3 s), on the processes it
+# starts for every message. Several side by side take little more time than one. A test marked
+# `@pytest.mark.background(job=job)` takes `job(folder)`'s result from its `background` fixture: when the first such
+# test is reached, the jobs of every selected test so marked start, BACKGROUND_JOBS at a time in the tests' order,
+# each in a folder of its own; each test waits for its own job, then checks what it did.
+BACKGROUND_JOBS = 3
+_BACKGROUND: dict[str, tuple[Future, Path]] = {}
+_POOL: list[ThreadPoolExecutor] = []
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "background(job=job): job(folder) runs beside other tests' (tests/conftest.py)"
+    )
+
+
+@pytest.fixture
+def background(request, tmp_path_factory):
+    """(what the test's background job returned, the job's folder); a job's exception fails the test."""
+    if not _POOL:
+        _POOL.append(ThreadPoolExecutor(max_workers=BACKGROUND_JOBS, thread_name_prefix="background"))
+        for item in request.session.items:
+            mark = item.get_closest_marker("background")
+            if mark is not None:
+                folder = tmp_path_factory.mktemp(re.sub(r"\W", "_", item.name)[:30])
+                _BACKGROUND[item.nodeid] = (_POOL[0].submit(mark.kwargs["job"], folder), folder)
+    future, folder = _BACKGROUND.pop(request.node.nodeid)
+    return future.result(), folder
+
+
+def pytest_sessionfinish(session):
+    for pool in _POOL:  # a session stopped early (-x, Ctrl-C) starts no more jobs; it waits for those running
+        pool.shutdown(wait=True, cancel_futures=True)

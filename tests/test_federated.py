@@ -31,16 +31,18 @@ ROOT = Path(__file__).resolve().parents[1]
 DIGITS = ROOT / "edgetrain" / "data" / "digits"
 
 
-@pytest.fixture(scope="module")
-def fresh(tmp_path_factory) -> Path:
-    """A LeNet with fresh (random) weights, as an artifact: federated training has everything to learn."""
-    d = tmp_path_factory.mktemp("federated")
-    onnx.save(lenet(), d / "lenet.onnx")
+def fresh_artifact(folder: Path) -> Path:
+    """A LeNet with fresh (random, seeded) weights, as an artifact in `folder`: federated training has everything
+    to learn. Each test's federation runs in the background (tests/conftest.py) and makes its own."""
+    onnx.save(lenet(), folder / "lenet.onnx")
     art = et.convert(
-        d / "lenet.onnx", loss=et.CrossEntropyLoss(), optimizer=et.SGD(lr=0.05, momentum=0.9), batch_size=16
+        folder / "lenet.onnx",
+        loss=et.CrossEntropyLoss(),
+        optimizer=et.SGD(lr=0.05, momentum=0.9),
+        batch_size=16,
     )
-    art.save(d / "lenet.etrain")
-    return d / "lenet.etrain"
+    art.save(folder / "lenet.etrain")
+    return folder / "lenet.etrain"
 
 
 def federate(*args) -> subprocess.CompletedProcess:
@@ -105,13 +107,18 @@ def devices(tmp_path: Path, n: int, *, artifact, store=lambda k: False) -> list[
     return nodes
 
 
-@pytest.mark.slow
-def test_a_fresh_model_learns_from_label_skewed_clients(fresh, tmp_path):
-    out = tmp_path / "run"
-    proc = federate(
-        fresh, "--data", DIGITS, "--clients", 2, "--rounds", 3, "--partition", "label-skew",
-        "--val-data", DIGITS, "--out", out,
+def fresh_model_run(folder: Path) -> subprocess.CompletedProcess:
+    return federate(
+        fresh_artifact(folder), "--data", DIGITS, "--clients", 2, "--rounds", 3, "--partition", "label-skew",
+        "--val-data", DIGITS, "--out", folder / "run",
     )  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.background(job=fresh_model_run)
+def test_a_fresh_model_learns_from_label_skewed_clients(background):
+    proc, folder = background
+    fresh, out = folder / "lenet.etrain", folder / "run"
     s = json.loads((out / "summary.json").read_text())
     assert set(s) >= {"initial_val_accuracy", "final_val_accuracy", "rounds", "clients"}
     assert [r["round"] for r in s["rounds"]] == [1, 2, 3] and all(r["seconds"] > 0 for r in s["rounds"])
@@ -136,14 +143,19 @@ def test_a_fresh_model_learns_from_label_skewed_clients(fresh, tmp_path):
     assert not live_flower_processes(out / "flower")
 
 
-@pytest.mark.slow
-def test_personal_layers_stay_on_the_devices(fresh, tmp_path):
-    out = tmp_path / "run"
-    proc = federate(
-        fresh, "--data", DIGITS, "--clients", 2, "--rounds", 3, "--partition", "label-skew",
-        "--personal", "fc3.*", "--local-epochs", 2, "--out", out,
+def personal_layers_run(folder: Path) -> subprocess.CompletedProcess:
+    return federate(
+        fresh_artifact(folder), "--data", DIGITS, "--clients", 2, "--rounds", 3, "--partition", "label-skew",
+        "--personal", "fc3.*", "--local-epochs", 2, "--out", folder / "run",
         "--aggregate", "median", "--max-update-norm", 1000,  # a robust rule composes with personal layers
     )  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.background(job=personal_layers_run)
+def test_personal_layers_stay_on_the_devices(background):
+    proc, folder = background
+    fresh, out = folder / "lenet.etrain", folder / "run"
     s = json.loads((out / "summary.json").read_text())
     assert s["personal"] == ["fc3.weight", "fc3.bias"]
     assert s["aggregate"]["strategy"] == "FedMedian" and s["aggregate"]["max_update_norm"] == 1000
@@ -174,33 +186,42 @@ def test_personal_layers_stay_on_the_devices(fresh, tmp_path):
     assert not live_flower_processes(out / "flower")
 
 
-@pytest.mark.slow
-def test_dp_runs_and_a_mismatched_client_is_refused_without_failing_the_round(fresh, tmp_path):
-    """Three devices, one of which holds another model: it refuses every round (another training program), the
-    server leaves it out and averages the other two, under central DP."""
+def dp_run(folder: Path) -> None:
+    """Three devices under central DP; client 0's data is the phone app's SampleStore, client 2 holds another
+    training program."""
     from edgetrain.federated.deploy import APP_DIR, Deployment
 
-    other = tmp_path / "other.etrain"
+    fresh = fresh_artifact(folder)
+    other = folder / "other.etrain"
     et.convert(
-        fresh.parent / "lenet.onnx", loss=et.CrossEntropyLoss(), optimizer=et.Adam(lr=1e-3), batch_size=8
+        folder / "lenet.onnx", loss=et.CrossEntropyLoss(), optimizer=et.Adam(lr=1e-3), batch_size=8
     ).save(other)
-    nodes = devices(tmp_path, 3, artifact=lambda k: other if k == 2 else fresh)
-    out = tmp_path / "out"
+    nodes = devices(folder, 3, artifact=lambda k: other if k == 2 else fresh, store=lambda k: k == 0)
     config = {
         "artifact": str(fresh), "rounds": 2, "local-epochs": 0, "local-steps": 20, "dp-noise": 0.005,
-        "dp-clip": 5.0, "val-data": str(DIGITS), "out": str(out), "min-clients": 3,
+        "dp-clip": 5.0, "val-data": str(DIGITS), "out": str(folder / "out"), "min-clients": 3,
     }  # fmt: skip
-    with Deployment(str(tmp_path / "flower"), nodes) as d:
+    with Deployment(str(folder / "flower"), nodes) as d:
         d.run(APP_DIR, config)
-    s = json.loads((out / "summary.json").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.background(job=dp_run)
+def test_dp_runs_and_a_mismatched_client_is_refused_without_failing_the_round(background):
+    """Three devices, one of which holds another model: it refuses every round (another training program), the
+    server leaves it out and averages the other two, under central DP. One of those two keeps its data in the
+    phone app's SampleStore: it trains like a file."""
+    _, folder = background
+    s = json.loads((folder / "out" / "summary.json").read_text())
     assert s["privacy"]["noise_multiplier"] == 0.005 and s["privacy"]["clipping_norm"] == 5.0
     assert len(s["refused"]) == 2 and all(
         "not the model the server trains" in r["reason"] for r in s["refused"]
     )
-    assert sorted(c["id"] for c in s["clients"]) == [0, 1] and len(s["rounds"]) == 2
+    assert sorted(c["id"] for c in s["clients"]) == [0, 1] and len(s["rounds"]) == 2  # the store's client too
+    assert (folder / "client-0" / "samples.sqlite").exists()
     assert s["final_val_accuracy"] > s["initial_val_accuracy"]
-    assert not (tmp_path / "client-2" / "sent.jsonl").exists()  # the refusing device sent nothing
-    assert not live_flower_processes(tmp_path / "flower")
+    assert not (folder / "client-2" / "sent.jsonl").exists()  # the refusing device sent nothing
+    assert not live_flower_processes(folder / "flower")
 
 
 def test_label_skew_puts_most_of_each_class_on_one_client():
@@ -215,16 +236,17 @@ def test_label_skew_puts_most_of_each_class_on_one_client():
     assert [len(p) for p in iid] == [100, 100, 100]
 
 
-@pytest.mark.slow
-def test_ctrl_c_and_a_failing_run_stop_every_process(fresh, tmp_path):
-    """Ctrl-C after the first round, and a run whose server cannot read its validation data: both end with one
-    clear line and leave no Flower process behind. One client's data is the phone app's SampleStore."""
+def interrupted_and_failing_runs(folder: Path) -> dict:
+    """Ctrl-C after the first round of a federation; a run whose server cannot read its validation data."""
     import signal
     import time
 
-    out = tmp_path / "interrupted"
+    from edgetrain.federated.deploy import APP_DIR, Deployment, FederationError
+
+    fresh = fresh_artifact(folder)
     proc = subprocess.Popen(
-        python_m("edgetrain.cli", "federate", fresh, "--data", DIGITS, "--clients", 2, "--rounds", 50, "--out", out),
+        python_m("edgetrain.cli", "federate", fresh, "--data", DIGITS, "--clients", 2, "--rounds", 50,
+                 "--out", folder / "interrupted"),
         stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT,
     )  # fmt: skip
     stdout, stderr = Lines(proc.stdout), Lines(proc.stderr)
@@ -235,32 +257,39 @@ def test_ctrl_c_and_a_failing_run_stop_every_process(fresh, tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130 and "interrupted" in stderr.text(10)
     time.sleep(1)
-    assert not live_flower_processes(out / "flower")
-
-    from edgetrain.federated.deploy import APP_DIR, Deployment, FederationError
-
-    nodes = devices(
-        tmp_path, 2, artifact=lambda k: fresh, store=lambda k: k == 0
-    )  # client 0: a phone's store
-    config = {
-        "artifact": str(fresh),
-        "rounds": 1,
-        "local-steps": 5,
-        "local-epochs": 0,
-        "out": str(tmp_path / "ok"),
+    interrupted = {
+        "returncode": proc.returncode,
+        "stderr": stderr.text(10),
+        "left": live_flower_processes(folder / "interrupted" / "flower"),  # a second after it ended
     }
-    with Deployment(str(tmp_path / "flower-ok"), nodes) as d:
-        d.run(APP_DIR, config)
-    s = json.loads((tmp_path / "ok" / "summary.json").read_text())
-    assert (
-        sorted(c["id"] for c in s["clients"]) == [0, 1] and not s["refused"]
-    )  # the store trained like a file
-    bad = {**config, "val-data": str(tmp_path / "no-such-data"), "out": str(tmp_path / "bad")}
-    with pytest.raises(FederationError, match="the federated run failed"):
-        with Deployment(str(tmp_path / "flower-bad"), nodes) as d:
-            d.run(APP_DIR, bad, timeout=300)
-    assert not live_flower_processes(tmp_path / "flower-ok") and not live_flower_processes(
-        tmp_path / "flower-bad"
-    )
+    config = {
+        "artifact": str(fresh), "rounds": 1, "local-steps": 5, "local-epochs": 0,
+        "val-data": str(folder / "no-such-data"), "out": str(folder / "bad"),
+    }  # fmt: skip
+    try:
+        with Deployment(str(folder / "flower-bad"), devices(folder, 2, artifact=lambda k: fresh)) as d:
+            d.run(APP_DIR, config, timeout=300)
+    except FederationError as e:
+        failed = e
+    else:
+        failed = None
+    return {
+        "interrupted": interrupted,
+        "failed": failed,
+        "left": live_flower_processes(folder / "flower-bad"),
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.background(job=interrupted_and_failing_runs)
+def test_ctrl_c_and_a_failing_run_stop_every_process(background):
+    """Ctrl-C after the first round, and a run whose server cannot read its validation data: both end with one
+    clear line and leave no Flower process behind. (That a phone's SampleStore trains like a file, the DP test's
+    federation shows.)"""
+    runs, _ = background
+    interrupted = runs["interrupted"]
+    assert interrupted["returncode"] == 130 and "interrupted" in interrupted["stderr"]
+    assert not interrupted["left"]
+    assert runs["failed"] is not None and "the federated run failed" in str(runs["failed"])
+    assert not runs["left"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -60,14 +61,22 @@ def adapters_of(art: Path, path: Path) -> dict[str, np.ndarray]:
     return {k: v for k, v in sess.parameters().items() if k in BODY}
 
 
-@pytest.mark.slow
-def test_only_the_adapters_cross_the_network(artifacts, tmp_path, report):
-    art, out = artifacts["lora"], tmp_path / "run"
+def adapters_run(folder: Path) -> tuple[subprocess.CompletedProcess, str]:
+    """The federation, in the background (tests/conftest.py), with the artifact's digest before it."""
+    art = convert(folder / "lora.etrain")
     digest = hashlib.sha256(art.read_bytes()).hexdigest()
     proc = federate(
         art, "--adapters-only", "--data", NEWUSER, "--val-data", NEWUSER, "--clients", 2, "--rounds", 2,
-        "--local-epochs", 5, "--partition", "label-skew", "--out", out,
+        "--local-epochs", 5, "--partition", "label-skew", "--out", folder / "run",
     )  # fmt: skip
+    return proc, digest
+
+
+@pytest.mark.slow
+@pytest.mark.background(job=adapters_run)
+def test_only_the_adapters_cross_the_network(background, report):
+    (proc, digest), folder = background
+    art, out = folder / "lora.etrain", folder / "run"
     s = json.loads((out / "summary.json").read_text())
     initial = et.TrainingSession(str(art)).parameters()
     adapter_bytes = sum(initial[n].nbytes for n in BODY)

@@ -19,9 +19,15 @@ sys.path.insert(0, str(ROOT / "tools"))
 from fleet_robustness import run_rule  # noqa: E402
 
 
+def median_run(folder: Path) -> dict:
+    """The federation, in the background (tests/conftest.py): beside the other federated tests'."""
+    return run_rule(folder, "median", clients=5, attackers=1, attack="sign-flip:4", rounds=2, local_steps=20)
+
+
 @pytest.mark.slow
-def test_the_median_learns_while_a_sign_flipping_client_gets_through_the_door(tmp_path):
-    s = run_rule(tmp_path, "median", clients=5, attackers=1, attack="sign-flip:4", rounds=2, local_steps=20)
+@pytest.mark.background(job=median_run)
+def test_the_median_learns_while_a_sign_flipping_client_gets_through_the_door(background):
+    s, _ = background
     assert s["aggregate"]["strategy"] == "FedMedian" and not s["skipped"]
     assert not s["refused"]  # the attack is within the door's limits: only the rule can stop it
     assert sorted(c["id"] for c in s["clients"]) == [0, 1, 2, 3, 4]  # the attacker's replies were aggregated

@@ -35,11 +35,19 @@ def sent(home: Path) -> dict[str, np.ndarray]:
         return {k.replace("|", "/"): z[k] for k in z.files}
 
 
-@pytest.mark.slow
-def test_secure_aggregation_equals_fedavg_of_the_devices_that_stayed_and_the_server_keeps_no_update(tmp_path):
+def secagg_run(folder: Path) -> dict:
+    """The federation, in the background (tests/conftest.py): beside the other federated tests'."""
     from fleet_robustness import run_rule
 
-    s = run_rule(tmp_path, "fedavg", 4, 1, "drop-out", 1, 20, tag="-secagg", **{"secure-aggregation": True})
+    return run_rule(folder, "fedavg", 4, 1, "drop-out", 1, 20, tag="-secagg", **{"secure-aggregation": True})
+
+
+@pytest.mark.slow
+@pytest.mark.background(job=secagg_run)
+def test_secure_aggregation_equals_fedavg_of_the_devices_that_stayed_and_the_server_keeps_no_update(
+    background,
+):
+    s, folder = background
     q = s["secure_aggregation"]
     assert q["protocol"].startswith("SecAgg+") and not s["skipped"], s["skipped"]
     assert len(s["refused"]) == 1 and "dropped out of the round" in s["refused"][0]["reason"], s["refused"]
@@ -47,10 +55,10 @@ def test_secure_aggregation_equals_fedavg_of_the_devices_that_stayed_and_the_ser
     stayed = sorted(s["clients"], key=lambda c: c["id"])
     assert [c["id"] for c in stayed] == [0, 1, 2]
 
-    sets = [sent(tmp_path / "fleet" / f"client-{c['id']}") for c in stayed]
+    sets = [sent(folder / "fleet" / f"client-{c['id']}") for c in stayed]
     counts = [c["num_examples"] for c in stayed]
     want = {k: sum(p[k].astype(np.float64) * n for p, n in zip(sets, counts)) / sum(counts) for k in sets[0]}
-    out = tmp_path / "out-fedavg-1-secagg"
+    out = folder / "out-fedavg-1-secagg"
     got = read_container(out / "global.etck", kind="checkpoint")[1]
     # a parameter's quantization step: the clipping range over the levels, over the client's weight samples / max
     step = 2 * q["clipping_range"] / q["quantization_range"] * q["max_weight"] / min(counts)
