@@ -206,3 +206,38 @@ def test_check_lists_the_options_and_convert_picks_the_one_it_marks(tmp_path):
     assert artifact_step_memory(tmp_path / "a.etrain")["budgeted_bytes"] <= 400 * 1024
     with pytest.raises(EdgeTrainError):
         parse_bytes("lots")
+
+
+@pytest.mark.parametrize("name", ["lenet", "resnet_tiny", "depthwise_separable"])
+def test_a_frozen_part_in_chunks_gives_the_same_steps_in_a_smaller_arena(name, tmp_path):
+    from edgetrain.derive.budget import layers
+
+    model = MODELS[name][0]()
+    x, y = batch_for(name, BATCH)
+    head = layers(_convert(model))[-1]
+    whole = _convert(model, trainable=head)
+    whole.save(tmp_path / "whole.etrain")
+    options, pick = memory_options(
+        model,
+        loss=et.CrossEntropyLoss(),
+        optimizer=et.SGD(lr=0.01, momentum=0.9, weight_decay=5e-4),
+        memory_budget=artifact_step_memory(tmp_path / "whole.etrain")["budgeted_bytes"] - 1,
+        trainable=head,
+        batch_size=BATCH,
+    )
+    assert pick is not None and pick.chunks > 1 and sorted(pick.trainable) == sorted(head)
+    art = _convert(model, trainable=head, memory_budget=pick.peak)
+    art.save(tmp_path / "chunked.etrain")
+    assert art.budget["chosen"]["chunks"] == pick.chunks
+    mem = [artifact_step_memory(tmp_path / f"{k}.etrain") for k in ("whole", "chunked")]
+    assert mem[1]["arena_bytes"] < mem[0]["arena_bytes"]
+    losses0, params0 = _run(tmp_path / "whole.etrain", x, y)
+    losses1, params1 = _run(tmp_path / "chunked.etrain", x, y)
+    np.testing.assert_allclose(losses1, losses0, rtol=1e-6)
+    for p in params0:
+        np.testing.assert_allclose(params1[p], params0[p], rtol=1e-6, atol=1e-7)
+    # the step as standard ONNX (Split, the chunks, After as Identity, Concat) runs in onnxruntime
+    sess = ort.InferenceSession(art.training_onnx().SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = {art.data_inputs[0]: x, art.target: y.astype(np.int64), art.lr: np.asarray(0.01, np.float32)}
+    got = dict(zip(art.graph.outputs, sess.run(None, feeds)))
+    assert np.isclose(float(got[art.loss]), losses0[0], rtol=1e-5)

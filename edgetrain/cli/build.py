@@ -228,7 +228,7 @@ def _check_budget(args: argparse.Namespace) -> int:
         "the budget counts the step's planned peak without the frozen weights, which stay in the file's pages "
         "(edgetrain inspect shows both)"
     )
-    rows = [("option", "recompute", "trainable", "values", "budgeted", "planned peak", "")]
+    rows = [("option", "recompute", "frozen part", "trainable", "values", "budgeted", "planned peak", "")]
     shown: dict[tuple, int] = {}
     for o in options:
         same = shown.get((o.name, tuple(o.trainable)))
@@ -240,6 +240,7 @@ def _check_budget(args: argparse.Namespace) -> int:
             (
                 o.name,
                 o.recompute,
+                "whole batch" if o.chunks == 1 else f"{o.chunks} chunks",
                 str(len(o.trainable)),
                 f"{o.values:,}",
                 size_text(o.peak),
@@ -253,10 +254,14 @@ def _check_budget(args: argparse.Namespace) -> int:
     if pick is None:
         smallest = min(options, key=lambda o: o.peak)
         print(
-            f"nothing fits: the smallest option needs {size_text(smallest.peak)}; give at least that, or a smaller --batch-size"
+            f"nothing fits: the smallest option needs {size_text(smallest.peak)}; give at least that, or a "
+            "smaller --batch-size"
         )
         return 1
-    print(f"convert --memory-budget {args.memory_budget} trains {pick.name} (recompute {pick.recompute})")
+    chunked = f", frozen part in {pick.chunks} chunks" if pick.chunks > 1 else ""
+    print(
+        f"convert --memory-budget {args.memory_budget} trains {pick.name} (recompute {pick.recompute}{chunked})"
+    )
     return 0
 
 

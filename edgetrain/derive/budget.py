@@ -22,7 +22,7 @@ with their planned peaks, and `edgetrain check --memory-budget` prints them all.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -63,6 +63,7 @@ class Option:
     name: str  # "every parameter", "every bias + the last 3 of 53 layers", ...
     trainable: list[str]
     recompute: str
+    chunks: int = 1  # the frozen prefix runs in this many chunks of the batch
     peak: int = 0  # what the budget counts: the planned peak without the frozen weights mapped from the file
     values: int = 0  # trainable elements
     parts: dict | None = None
@@ -71,6 +72,7 @@ class Option:
         return {
             "name": self.name,
             "recompute": self.recompute,
+            "chunks": self.chunks,
             "budgeted_bytes": self.peak,
             "planned_peak_bytes": int(self.parts["peak_bytes"]) if self.parts else self.peak,
             "trainable_tensors": len(self.trainable),
@@ -87,7 +89,7 @@ def planned_peak(art: TrainingArtifact) -> dict:
     return step_footprint(header, tensors, fused=art.fused is not None and not clipped, chunk=FUSED_CHUNK)
 
 
-Build = Callable[[Sequence[str] | None, str], TrainingArtifact]
+Build = Callable[..., TrainingArtifact | None]  # (trainable, recompute level, chunks) -> artifact or None
 
 
 class Search:
@@ -97,31 +99,56 @@ class Search:
         self.build, self.budget, self.progress = build, budget, progress
         self.trainable = trainable
         self.weighed: list[Option] = []
-        self._built: dict[tuple[tuple[str, ...], str], TrainingArtifact] = {}
+        self._built: dict[tuple, TrainingArtifact] = {}
+        self._options: dict[tuple, Option] = {}
 
-    def weigh(self, name: str, trainable: list[str] | None, level: str) -> tuple[Option, TrainingArtifact]:
-        key = (tuple(trainable) if trainable is not None else ("*",), level)
-        seen = next((o for o in self.weighed if (tuple(o.trainable), o.recompute) == (key[0], level)), None)
-        if seen is not None and key in self._built:  # the same option under another name (the head, say)
-            return seen, self._built[key]
-        art = self._built.get(key)
+    def weigh(self, name: str, trainable: list[str] | None, level: str, chunks: int = 1):
+        """(the option, its artifact), or None when its frozen part cannot run in `chunks` chunks."""
+        key = (tuple(trainable) if trainable is not None else ("*",), level, chunks)
+        if key in self._built:  # the same option under another name (the head, say)
+            return self._options[key], self._built[key]
+        art = self.build(trainable, level, chunks)
         if art is None:
-            art = self.build(trainable, level)
-            self._built = {key: art}  # the last one only: artifacts are large
+            return None
+        self._built = {key: art}  # the last one only: artifacts are large
         mem = planned_peak(art)
-        opt = Option(name, list(art.parameters), level, int(mem["budgeted_bytes"]), _values(art), mem)
+        opt = Option(
+            name,
+            list(art.parameters),
+            level,
+            chunks=chunks,
+            peak=int(mem["budgeted_bytes"]),
+            values=_values(art),
+            parts=mem,
+        )
         self.weighed.append(opt)
+        self._options[key] = opt
         if self.progress is not None:
             verdict = "fits" if opt.peak <= self.budget else "too large"
-            self.progress(f"  {opt.name}, recompute {level}: {size_text(opt.peak)} ({verdict})")
+            how = f"recompute {level}" + (f", frozen part in {chunks} chunks" if chunks > 1 else "")
+            self.progress(f"  {opt.name}, {how}: {size_text(opt.peak)} ({verdict})")
         return opt, art
 
     def first_fit(self, name: str, trainable: list[str] | None) -> tuple[Option, TrainingArtifact] | None:
-        """The least recomputation with which these tensors fit, or None."""
+        """The least memory-saving with which these tensors fit, or None: each recomputation level, then the
+        frozen part in 2, 4, 8, ... chunks of the batch at the level that needed least."""
+        best: tuple[Option, TrainingArtifact] | None = None
         for level in LEVELS:
-            opt, art = self.weigh(name, trainable, level)
-            if opt.peak <= self.budget:
-                return opt, art
+            found = self.weigh(name, trainable, level)
+            assert found is not None
+            if found[0].peak <= self.budget:
+                return found
+            best = found if best is None or found[0].peak < best[0].peak else best
+        assert best is not None
+        batch = _batch(best[1])
+        chunks = 2
+        while chunks <= batch and batch % chunks == 0:
+            found = self.weigh(name, trainable, best[0].recompute, chunks)
+            if found is None:
+                return None
+            if found[0].peak <= self.budget:
+                return found
+            chunks *= 2
         return None
 
     def largest_k(self, name: Callable[[int], str], pick: Callable[[int], list[str]], n: int):
@@ -136,6 +163,11 @@ class Search:
             else:
                 hi = k - 1
         return best
+
+
+def _batch(art: TrainingArtifact) -> int:
+    shape = art.graph.values[art.data_inputs[0]].shape
+    return int(shape[0]) if shape else 1
 
 
 def _values(art: TrainingArtifact) -> int:
@@ -171,13 +203,13 @@ def biases(art: TrainingArtifact) -> list[str]:
 
 
 def _everything(s: Search) -> tuple[tuple[Option, TrainingArtifact] | None, TrainingArtifact]:
-    """Every parameter asked for, at the least recomputation that fits (or None), and the last artifact built."""
+    """Every parameter asked for, with the least memory-saving that fits (or None), and its artifact (for the
+    layers the other options choose among)."""
     name = "every parameter asked" if s.trainable is not None else "every parameter"
-    art = None
-    for level in LEVELS:
-        opt, art = s.weigh(name, s.trainable, level)
-        if opt.peak <= s.budget:
-            return (opt, art), art
+    found = s.first_fit(name, s.trainable)
+    if found is not None:
+        return found, found[1]
+    art = s.build(s.trainable, LEVELS[0], 1)
     assert art is not None
     return None, art
 
@@ -224,9 +256,10 @@ def fit(build: Build, budget: int, *, trainable, adapters: bool, progress=None) 
         "chosen": opt.to_dict(budget),
         "weighed": [o.to_dict(budget) for o in s.weighed],
     }
+    chunked = f", frozen part in {opt.chunks} chunks" if opt.chunks > 1 else ""
     art.notes.append(
         f"memory budget {size_text(budget)}: trains {opt.name} ({len(opt.trainable)} tensors, {opt.values:,} "
-        f"values), recompute {opt.recompute}: planned peak {size_text(opt.peak)}; {len(s.weighed)} option(s) "
+        f"values), recompute {opt.recompute}{chunked}: {size_text(opt.peak)} counted; {len(s.weighed)} option(s) "
         "weighed (`edgetrain check --memory-budget` lists them)"
     )
     return art
@@ -237,12 +270,11 @@ def options(build: Build, budget: int, *, trainable, adapters: bool, progress=No
     recomputation level, each layer family's search for its largest k, and the head at each level."""
     s = Search(build, budget, trainable=trainable, progress=progress)
     pick, full = _everything(s)
-    for level in LEVELS[len(s.weighed) :]:  # _everything stops at the first fit: weigh the rest too
+    for level in LEVELS:  # _everything stops at the first fit: weigh the rest too
         s.weigh(s.weighed[0].name, trainable, level)
     groups = layers(full)
     if not adapters and len(groups) >= 2:
         partial = _partial(s, full, every_level=True)
         pick = pick or partial
-        for level in LEVELS:
-            s.weigh(f"the head (1 of {len(groups)} layers)", groups[-1], level)
+        s.first_fit(f"the head (1 of {len(groups)} layers)", groups[-1])
     return s.weighed, (None if pick is None else pick[0])

@@ -15,6 +15,7 @@ from edgetrain.core.errors import ShapeError, UnsupportedError
 from edgetrain.core.interpreter import compile_step
 from edgetrain.core.ir import Graph, TensorInfo, about
 from edgetrain.graph.adapters import LoraModule
+from edgetrain.graph.chunked import chunk_prefix
 from edgetrain.graph.fuse import fuse_for_training
 from edgetrain.graph.passes import fold_constants, make_static, prune
 from edgetrain.graph.quantized import Lowered, refreeze
@@ -138,21 +139,22 @@ def _convert(model, objective, trainable, batch_size, reading, memory) -> Traini
     recompute, budget, progress = memory
     if budget is None:
         m = _static_model(imported, trainable, batch_size, rule, reading)
-        return _derive(m, _step(m, trainable, objective, rule), level=recompute, provenance=provenance)
+        return _derive(m, _step(m, trainable, objective, rule), (recompute, 1, rule), provenance=provenance)
     build = _builder(imported, objective, trainable, batch_size, reading, rule, provenance)
     weigh = fit_budget if recompute != "options" else budget_options
     return weigh(build, budget, trainable=trainable, adapters=reading[2] is not None, progress=progress)
 
 
 def _builder(imported, objective, trainable, batch_size, reading, rule, provenance):
-    """build(chosen, level) -> the artifact that trains `chosen` with recomputation `level`, for the options of
+    """build(chosen, level, chunks) -> the artifact that trains `chosen` with recomputation `level` and its frozen
+    prefix in `chunks` chunks of the batch (None when it has no prefix to chunk so), for the options of
     a memory budget: they differ in what trains and what is recomputed, so a float model is made static once (an
     int8 one once per option: its frozen weights go back to int8), and each option's step is derived once for
     its levels."""
     ceiling = _static_model(imported, trainable, batch_size, rule, reading)
     last: dict[tuple[str, ...], Any] = {}
 
-    def build(chosen, level: str) -> TrainingArtifact:
+    def build(chosen, level: str, chunks: int = 1) -> TrainingArtifact | None:
         key = tuple(chosen) if chosen is not None else ()
         if key not in last:
             m = ceiling
@@ -163,7 +165,7 @@ def _builder(imported, objective, trainable, batch_size, reading, rule, provenan
             last.clear()
             last[key] = (m, _step(m, chosen, objective, rule))
         m, step = last[key]
-        return _derive(m, step, level=level, provenance=provenance)
+        return _derive(m, step, (level, chunks, rule), provenance=provenance)
 
     return build
 
@@ -203,15 +205,21 @@ def _step(m: _StaticModel, trainable, objective, rule):
     return objective, ext, graph, initial, updates
 
 
-def _derive(m: _StaticModel, step, *, level: str, provenance) -> TrainingArtifact:
-    """The static model and its step -> the TrainingArtifact, with saved activations recomputed at `level` and
-    the fused step."""
+def _derive(m: _StaticModel, step, memory: tuple, *, provenance) -> TrainingArtifact | None:
+    """The static model and its step -> the TrainingArtifact, with saved activations recomputed at `level`, its
+    frozen prefix run in `chunks` chunks of the batch (None when that cannot be), and the fused step."""
+    level, chunks, rule = memory
     (loss, optimizer, _), ext, graph, initial, updates = step
     outputs = list(m.inference.outputs)
     graph, recomputed = recompute_activations(
         graph, forward_outputs=[graph.outputs[0], *outputs], level=level
     )
     notes = [] if level == "none" else [f"recompute {level}: {recomputed.describe()}"]
+    if chunks > 1:
+        graph, why = chunk_prefix(graph, list(m.inference.inputs), chunks, rule=rule)
+        if why:
+            return None
+        notes.append(f"the frozen part runs in {chunks} chunks of the batch, one after the other")
     fused = _fused_program(graph, optimizer, ext.ctx, ext.params, ext.grads, graph.outputs[0], outputs)
     return TrainingArtifact(
         graph=graph,
