@@ -144,13 +144,15 @@ class Act:
             d = np.abs(x) + 1
             return 1 / (d * d)
         assert n == "softplus", n
-        return _sigmoid(x)
+        with np.errstate(over="ignore"):
+            return _sigmoid(x)
 
 
 def _sigmoid(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """1 / (1 + exp(-x)); exp(-x) = inf for x < -88 (float32) gives 0, the right value: the callers' loops run
+    under np.errstate(over="ignore") (entered once, not per step)."""
     e = np.negative(x, out=out)
-    with np.errstate(over="ignore"):  # exp(-x) = inf for x < -88 (float32): 1 / inf = 0, the right value
-        np.exp(e, out=e)
+    np.exp(e, out=e)
     e += 1
     return np.reciprocal(e, out=e)
 
@@ -706,7 +708,8 @@ def forward(spec: Spec, noutputs: int, trace: np.ndarray | None = None):
     y_d = np.empty((t_len, n, hs), dt)
     for d in range(nd):
         tr = None if trace is None else carve(spec, trace[d])
-        yh[d], c = run_direction(spec, d, y_d, tr)
+        with np.errstate(over="ignore"):  # sigmoid's exp(-x) overflows to inf for x < -88: 1 / inf = 0, right
+            yh[d], c = run_direction(spec, d, y_d, tr)
         y[:, d] = _steps_out(spec, d, y_d)
         if c is not None:
             yc[d] = c
@@ -730,17 +733,20 @@ def _run_forward(
     P=None,
     *,
     noutputs: int = 1,
+    out: np.ndarray | None = None,
     **attrs,
 ):
-    """The kernels' shared body: their parameters (a kernel passes its locals()) -> the outputs asked for."""
+    """The kernels' shared body: their parameters (a kernel passes its locals()) -> the outputs asked for; the
+    training-mode forwards (op "LSTMTrain", ...) write the trace first, into out when given (its planned buffer)."""
     train = op.endswith("Train")
     op = op[: -len("Train")] if train else op
     spec = make_spec(op, X, W, R, B, sequence_lens, initial_h, initial_c, P, **attrs)
     if not train:
         outs = forward(spec, noutputs)
         return outs if len(outs) > 1 else outs[0]
-    trace = new_trace(spec)
-    return (*forward(spec, N_STATES[op] + 1, trace), trace)
+    trace = new_trace(spec) if out is None else out
+    assert trace.shape == new_trace_shape(spec) and trace.dtype == spec.x.dtype, (trace.shape, trace.dtype)
+    return (trace, *forward(spec, N_STATES[op] + 1, trace))
 
 
 def _run_backward(
@@ -1193,10 +1199,10 @@ def rnn_grad(
 
 
 # ---------------------------------------------------------------------------------------------------- training mode
-# LSTMTrain (LSTM's inputs and attributes) -> Y, Y_h, Y_c, trace; GRUTrain / RNNTrain -> Y, Y_h, trace. The forward
-# of the training step where a backward reads it: the op's outputs (all of them, whichever the graph reads) and
-# each direction's trace [D, size] (trace_blocks: gates, states, ...), which the fused backward reads instead of
-# running the forward again.
+# LSTMTrain (LSTM's inputs and attributes) -> trace, Y, Y_h, Y_c; GRUTrain / RNNTrain -> trace, Y, Y_h. The forward
+# of the training step where a backward reads it: each direction's trace [D, size] (trace_blocks: gates, states,
+# ...), which the fused backward reads instead of running the forward again, written first (into its planned
+# buffer: it is the largest output), and the op's outputs (all of them, whichever the graph reads).
 def _train_shapes(node: Node, infos: list[TensorInfo | None]) -> list[TensorInfo | None]:
     op = node.op_type[: -len("Train")]
     x, r = infos[0], infos[2]
@@ -1214,7 +1220,7 @@ def _train_shapes(node: Node, infos: list[TensorInfo | None]) -> list[TensorInfo
         node.attrs.get("activation_beta"),
     )
     size = trace_size(op, t_len, batch, hidden, pre=needs_pre(acts), clip=node.attrs.get("clip") is not None)
-    shapes = [y] + [state] * N_STATES[op] + [(d, size)]
+    shapes = [(d, size), y] + [state] * N_STATES[op]
     return [TensorInfo(x.dtype, s) for s in shapes]
 
 
@@ -1238,6 +1244,7 @@ def lstm_train(
     input_forget=0,
     layout=0,
     noutputs: int = 1,
+    out=None,
 ):
     return _run_forward("LSTMTrain", **locals())
 
@@ -1260,6 +1267,7 @@ def gru_train(
     layout=0,
     linear_before_reset=0,
     noutputs: int = 1,
+    out=None,
 ):
     return _run_forward("GRUTrain", **locals())
 
@@ -1281,5 +1289,6 @@ def rnn_train(
     hidden_size=None,
     layout=0,
     noutputs: int = 1,
+    out=None,
 ):
     return _run_forward("RNNTrain", **locals())

@@ -85,12 +85,12 @@ def _train_forward(g: GradContext, node: Node) -> str:
         return ""
     op = node.op_type
     trace = g.b.fresh(f"{node.name or op}_trace")
-    outputs = list(node.outputs) + [""] * (N_OUTPUTS[op] - len(node.outputs)) + [trace]
+    outputs = [trace] + list(node.outputs) + [""] * (N_OUTPUTS[op] - len(node.outputs))
     train = Node(
         f"{op}Train", node.inputs, tuple(outputs), dict(node.attrs), name=node.name, domain=PRIVATE_DOMAIN
     )
     infos = [g.info(i) if i else None for i in node.inputs]
-    g.graph.values[trace] = record(train.op_type).shape(train, infos)[-1]
+    g.graph.values[trace] = record(train.op_type).shape(train, infos)[0]
     nodes[at] = train
     return trace
 
@@ -321,7 +321,7 @@ _ONNX_FLOAT = {"float16": 10, "float32": 1, "float64": 11}
 
 @body("LSTMTrain", "GRUTrain", "RNNTrain")
 def _recurrent_train_body(g: GradContext, node: Node) -> list[str]:
-    """The standard op's outputs, and the trace built by the recurrence unrolled (blocks as the kernel's)."""
+    """The trace built by the recurrence unrolled (blocks as the kernel's), and the standard op's outputs."""
     op = node.op_type.removesuffix("Train")
     inputs = list(node.inputs)
     while inputs and not inputs[-1]:
@@ -329,7 +329,7 @@ def _recurrent_train_body(g: GradContext, node: Node) -> list[str]:
     outs = g.ops(op, *inputs, n=N_OUTPUTS[op], **node.attrs)
     u = _Unrolled(g, node, traced=True)
     u.build()
-    return outs + [_trace(u)]
+    return [_trace(u)] + outs
 
 
 def _trace(u: _Unrolled) -> str:
