@@ -1,9 +1,9 @@
 """Issue 25's small-batch fast paths leave every result as the plain path makes it: kernels specialized for a step's
-static shapes ("lean_kernels"), the fused update's carried norm bounds ("update_bound") and the session's one-pass
-feed checks ("lean_step") give, bit for bit, the losses, parameters and optimizer state of the same session built
-under fastpaths.plain(), on the test models at batch 1 and 8; the fused update equals closed-form numpy for every
-SGD and Adam variant; the step at batch 1 equals a float64 numpy MLP; feeds the lean checks pass are refused
-as before."""
+static shapes ("lean_kernels"), the fused update's carried norm bounds ("update_bound"), SGD over whole buffers with
+the gradients as scratch ("update_whole") and the session's one-pass feed checks ("lean_step") give, bit for bit,
+the losses, parameters and optimizer state of the same session built under fastpaths.plain(), on the test models at
+batch 1 and 8; the fused update equals closed-form numpy for every SGD and Adam variant; the step at batch 1 equals
+a float64 numpy MLP; feeds the lean checks pass are refused as before."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from models import MODELS, batch_for
 import edgetrain as et
 from edgetrain.core import fastpaths
 
-PATHS = ("lean_kernels", "update_bound", "lean_step")
+PATHS = ("lean_kernels", "update_bound", "update_whole", "lean_step")
 OPTIMIZERS = {
     "sgd": lambda: et.SGD(lr=0.05),
     "sgd_momentum_wd": lambda: et.SGD(lr=0.05, momentum=0.9, weight_decay=5e-4),
@@ -83,7 +83,8 @@ def test_the_plain_path_is_what_edgetrain_plain_turns_on(monkeypatch):
     assert not _lean_steps(sess) and sess._lean_feeds is not None
     monkeypatch.setenv("EDGETRAIN_PLAIN", "all")
     sess = _session("mlp", 1, OPTIMIZERS["sgd"]())
-    assert not _lean_steps(sess) and sess._lean_feeds is None and not sess._fused._carry
+    assert not _lean_steps(sess) and sess._lean_feeds is None
+    assert not sess._fused._carry and not sess._fused._whole
 
 
 # ---- the step at batch 1 against float64 numpy -------------------------------------------------------------------
@@ -228,6 +229,36 @@ def test_carried_bounds_stay_sound_as_the_values_grow(kind):
             for n, v in opt.values().items():
                 np.testing.assert_array_equal(v, before[n], err_msg=f"{n} after a refused step {t}")
     assert refused
+
+
+@pytest.mark.parametrize("kind", [k for k in CLOSED_FORM if CLOSED_FORM[k]["type"] == "SGD"])
+def test_sgd_over_whole_buffers_is_the_chunked_update_and_keeps_gradients_it_may_not_use(kind):
+    # rewrites_gradients=False (a session whose step leaves a gradient unwritten): the chunked update, gradients
+    # untouched; True: the gradients may be overwritten, the parameters and state are the same bit for bit
+    from edgetrain.runtime.fused import FusedOptimizer
+
+    c = CLOSED_FORM[kind]
+    kinds = ["momentum"] if c.get("momentum") else []
+    shapes = {"w": (300, 130), "b": (130,)}
+    rng = np.random.default_rng(11)
+    initial = {n: rng.standard_normal(s).astype(np.float32) for n, s in shapes.items()}
+    roles = {f"{k}.{n}": (k, n) for k in kinds for n in shapes}
+    if c.get("dampening"):
+        roles["step"] = ("step", "")
+    params = {n: (s, np.float32) for n, s in shapes.items()}
+    whole = FusedOptimizer(c, params, roles, initial)
+    chunked = FusedOptimizer(c, params, roles, initial, rewrites_gradients=False)
+    assert whole._whole and not chunked._whole
+    for _ in range(3):
+        grads = {n: rng.standard_normal(s).astype(np.float32) for n, s in shapes.items()}
+        for opt in (whole, chunked):
+            for n, view in opt.gradients().items():
+                np.copyto(view, grads[n])
+            assert opt.update(0.1) == []
+        for n, view in chunked.gradients().items():
+            np.testing.assert_array_equal(view, grads[n], err_msg=n)
+        for n, v in whole.values().items():
+            np.testing.assert_array_equal(v, chunked.values()[n], err_msg=n)
 
 
 # ---- the lean feed checks refuse what check_feeds refuses ----------------------------------------------------------

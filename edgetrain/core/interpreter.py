@@ -155,6 +155,7 @@ class Interpreter:
         self.steps = steps
         self._consts = [(self.slot[k], v) for k, v in graph.initializers.items()]
         self._in_slots = [(name, self.slot[name]) for name in graph.inputs]
+        self._out_slots = [(self.slot[name], name in (bind or {})) for name in graph.outputs]
         self._env: list[Any] = [None] * (self.n_slots + 1)
         for s, v in self._consts:
             self._env[s] = v
@@ -233,8 +234,9 @@ class Interpreter:
                 for o, s in zip(st.node.outputs, st.outs):
                     if s >= 0 and env[s] is not None:
                         record[o] = TensorInfo(env[s].dtype, tuple(int(d) for d in env[s].shape))
-        wanted = self.graph.outputs if outputs is None else outputs
-        return [self._detached(env[self.slot[name]]) for name in wanted]
+        if outputs is None:  # a bound output is the caller's own buffer: never ours to detach
+            return [env[s] if bound else self._detached(env[s]) for s, bound in self._out_slots]
+        return [self._detached(env[self.slot[name]]) for name in outputs]
 
     def _keeping(self) -> _Program:
         """The step compiled without dropping dead values, for record= (made on first use)."""
@@ -255,7 +257,7 @@ class Interpreter:
     def _detached(self, r: np.ndarray) -> np.ndarray:
         """A result that is (a view of) a reused buffer, the arena or a constant (a Reshape of a Conv output,
         say) is copied, so that the caller's arrays never change under it, nor ours under the caller."""
-        return r.copy() if id(_root(r)) in self._protected else r
+        return r.copy() if id(r if r.base is None else _root(r)) in self._protected else r
 
 
 @dataclass(frozen=True)

@@ -41,9 +41,10 @@ CHUNK = (
     1 << 15
 )  # elements per chunk of the update (128 KiB of float32 per stream: the working set stays in L2)
 MARGIN = 0.25  # the bound must stay under this fraction of the usable limit (covers rounding in the norms)
-SLACK = (
-    1 + 1e-6
-)  # a carried bound grows by this each step: the update's float rounding (a few ulps per value)
+# a carried bound grows by this each step: the update's float rounding (a few ulps per value)
+SLACK = 1 + 1e-6
+# elements of a dtype group the SGD update runs over whole (1 MiB of float32 per buffer: cache-sized)
+WHOLE = 1 << 18
 
 
 class _Group:
@@ -90,7 +91,11 @@ class FusedOptimizer:
         params: Mapping[str, tuple[tuple[int, ...], np.dtype]],
         state_roles: Mapping[str, tuple[str, str]],
         initial: Mapping[str, np.ndarray],
+        *,
+        rewrites_gradients: bool = True,
     ):
+        """rewrites_gradients: the caller writes every gradient before each update, so the update may use the
+        gradient buffers as its scratch (fastpaths "update_whole"); False keeps them as they are."""
         self.config = dict(config)
         self.kind = self.config["type"]
         by_dtype: dict[np.dtype, list[str]] = {}
@@ -111,6 +116,7 @@ class FusedOptimizer:
         # bounds the last step proved (see _bounds), not read again from memory; only the gradients' are.
         self._carry = fastpaths.enabled("update_bound")
         self._known: list[dict[str, float] | None] = [None] * len(self.groups)
+        self._whole = rewrites_gradients and fastpaths.enabled("update_whole")
         self.load(initial)
 
     def _collect(self) -> dict[str, np.ndarray]:
@@ -163,8 +169,9 @@ class FusedOptimizer:
         step_next = None
         for g in self.groups:
             if self.kind == "SGD":
-                for a, b in g.chunks:
-                    self._sgd(g, lr, a, b)
+                if not (self._whole and self._sgd_whole(g, lr)):
+                    for a, b in g.chunks:
+                        self._sgd(g, lr, a, b)
             else:
                 step_next, consts = self._adam_consts(g, lr)
                 for a, b in g.chunks:
@@ -294,6 +301,38 @@ class FusedOptimizer:
                 d = v
         np.multiply(d, t(np.float32(lr)), out=s2)
         np.subtract(w, s2, out=w)
+
+    def _sgd_whole(self, g: _Group, lr: float) -> bool:
+        # _sgd's arithmetic, in its order, over whole buffers (fastpaths "update_whole"): a small model pays per
+        # call more than per byte, and plain SGD is then two calls per dtype, w - (g * lr), the product written
+        # over the gradient. Only where the buffers stay cache-sized (WHOLE) and without dampening (whose first
+        # step keeps d beside v'); w * wd and Nesterov's v' * m still go through the chunk-sized scratch.
+        c = self.config
+        if g.size > WHOLE or c.get("dampening"):
+            return False
+        t = g.dtype.type
+        w, d = g.params, g.grad
+        if c.get("weight_decay"):
+            wd = t(c["weight_decay"])
+            for a, b in g.chunks:  # d = g + w * wd, over the gradient
+                s = g.s1[: b - a]
+                np.multiply(w[a:b], wd, out=s)
+                np.add(d[a:b], s, out=d[a:b])
+        if c.get("momentum"):
+            m = t(c["momentum"])
+            v = g.state["momentum"]
+            np.multiply(v, m, out=v)
+            np.add(v, d, out=v)
+            if c.get("nesterov"):
+                for a, b in g.chunks:  # d = d + v' * m, over the gradient
+                    s = g.s1[: b - a]
+                    np.multiply(v[a:b], m, out=s)
+                    np.add(d[a:b], s, out=d[a:b])
+            else:
+                d = v
+        np.multiply(d, t(np.float32(lr)), out=g.grad)
+        np.subtract(w, g.grad, out=w)
+        return True
 
     def _adam_consts(self, g: _Group, lr: float) -> tuple[np.ndarray, tuple]:
         # the step's scalars, once per update: t = step + 1, 1 - b1^t, 1 - b2^t (Pow, as the graph's), lr

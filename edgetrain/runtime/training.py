@@ -108,8 +108,13 @@ class TrainingSession:
             # Parameters and state are owned by the session: writable copies of the file's read-only maps.
             self._values = {k: np.array(v) for k, v in art.initial.items()}
         self._lean_feeds = self._fixed_inputs() if fastpaths.enabled("lean_step") else None
+        # the gradients a step may leave outside their views: not bound, or bound but computed by no node (a
+        # constant); the others the program always writes into their views
+        made = {o for n in self._step_program.graph.nodes for o in n.outputs}
         self._unbound = [
-            (p, name) for p, name in getattr(self, "_grad_of", {}).items() if name not in self._bind
+            (p, name)
+            for p, name in getattr(self, "_grad_of", {}).items()
+            if name not in self._bind or name not in made
         ]
         self._lr = float(art.header["optimizer"].get("lr", 0.0))
         self.step = 0
@@ -144,7 +149,17 @@ class TrainingSession:
         params = {p: (tuple(art.initial[p].shape), art.initial[p].dtype) for p in art.io["parameters"]}
         if not fusable(art.header["optimizer"], [d for _, d in params.values()]):
             return None
-        return FusedOptimizer(art.header["optimizer"], params, art.fused["state_roles"], art.initial)
+        # the update may use the gradient buffers as scratch when the step writes each of them (or the session
+        # copies it there) before every update; a gradient the program does not compute keeps its zeros
+        outs = set(art.fused["program"].outputs)
+        rewrites = all(art.fused["gradients"][p] in outs for p in params)
+        return FusedOptimizer(
+            art.header["optimizer"],
+            params,
+            art.fused["state_roles"],
+            art.initial,
+            rewrites_gradients=rewrites,
+        )
 
     def _assign(self, name: str, value: np.ndarray) -> None:
         """Sets a parameter or state tensor: into the flat buffers when fused (their views must stay)."""
@@ -791,7 +806,7 @@ class TrainingSession:
         n = self._n_classes
         if self._lean_feeds is not None and n is not None and y.dtype.kind in "iu" and y.size:
             # one reduction: seen as unsigned, a negative label is larger than any class
-            if int(np.max(y.view(f"u{y.dtype.itemsize}"))) < n:
+            if int(np.maximum.reduce(y.view(f"u{y.dtype.itemsize}"), axis=None)) < n:
                 return y.astype(want, copy=False)
         if y.dtype.kind not in "iuf" or (y.dtype.kind == "f" and not np.all(np.mod(y, 1) == 0)):
             raise FeedError(f"labels must be integer class indices, got {y.dtype}")

@@ -755,9 +755,10 @@ def cumsum(
 # static and its feeds checked, so the checks and dispatch a small batch pays on every call are done here once.
 # Each runs the plain kernel's numpy calls in its order (bit for bit its result), only fewer of the others.
 
-_LEAN_SCRATCH = (
-    1 << 16
-)  # elements: scratch a specialization keeps per program stays this small (256 KiB of f32)
+# elements: scratch a specialization keeps per program stays this small (256 KiB of float32)
+_LEAN_SCRATCH = 1 << 16
+# np.dot without its __array_function__ dispatch (a Python call per product): the same C function
+_DOT = getattr(np.dot, "_implementation", np.dot)
 
 
 def _blas_info(info: TensorInfo | None) -> bool:
@@ -785,7 +786,7 @@ def _gemm_lean(node: Node, infos, consts, out, shared):
         return None
     if use_c and (at.get("beta", 1.0) != 1 or c.dtype != a.dtype or not _broadcasts_to(c.shape, (m, n))):
         return None
-    dot, add = np.dot, np.add
+    dot, add = _DOT, np.add
 
     def gemm_lean(a, b, c=None):
         y = dot(a.T if ta else a, b.T if tb else b, out=out)
@@ -800,7 +801,7 @@ def _matmul_lean(node: Node, infos, consts, out, shared):
     a, b = infos
     if not (_blas_info(a) and _blas_info(b)) or a.dtype != b.dtype or not _writable(out, a.dtype):
         return None
-    dot = np.dot
+    dot = _DOT
     return lambda a, b: dot(a, b, out=out)
 
 
