@@ -1,7 +1,7 @@
 """The convolution kernels' fast paths (edgetrain.core.fastpaths: conv1x1, conv1x1_batched, conv_strided_flat,
-conv_gi_as_conv, depthwise; maxpool_grad_grid) against the plain im2col / col2im path they replace, on varied shapes (groups,
-depthwise, dilations, strides, pads, 1x1, odd sizes, batch 1, 1-D and 3-D); the new paths against onnxruntime's
-Conv and float64 finite differences; and torchvision CNNs trained with every path on against every path off."""
+conv_gi_as_conv, depthwise, depthwise_dense; maxpool_grad_grid) against the plain im2col / col2im path they replace,
+on varied shapes (groups, depthwise, dilations, strides, pads, 1x1, odd sizes, batch 1, 1-D and 3-D); the new paths
+against onnxruntime's Conv and float64 finite differences; torchvision CNNs trained with every path on and off."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from grad_harness import check_grad
 from kernel_harness import ort_run, spy
 
 from edgetrain.core import fastpaths
+from edgetrain.core.kernels import depthwise, nn_grad
 from edgetrain.core.kernels import nn as nn_kernels
-from edgetrain.core.kernels import nn_grad
 
 PATHS = (
     nn_kernels.CONV1X1,
@@ -20,12 +20,13 @@ PATHS = (
     nn_kernels.STRIDED_FLAT,
     nn_kernels.GI_AS_CONV,
     nn_kernels.DEPTHWISE,
+    depthwise.DENSE,
     nn_grad.MAXPOOL_GRAD_GRID,
 )
 # 1e-6 of the result's largest magnitude: the paths sum the same products in another order (other GEMM shapes)
 RTOL = 1e-6
 
-# name -> (X shape, W shape, attributes, the new paths it must take: "batched", "phases")
+# name -> (X shape, W shape, attributes, the new paths it must take: "batched", "phases", "dense")
 CASES = {
     "1x1_few_positions": ((3, 40, 3, 5), (24, 40, 1, 1), {}, {"batched"}),
     "1x1_batch1": ((1, 16, 2, 2), (8, 16, 1, 1), {}, {"batched"}),
@@ -70,6 +71,16 @@ CASES = {
         set(),
     ),
     "depthwise_mult2": ((1, 4, 8, 8), (8, 1, 3, 3), {"group": 4, "pads": [1, 1, 1, 1]}, set()),
+    "depthwise_few_positions": ((2, 12, 4, 4), (12, 1, 5, 5), {"group": 12, "pads": [2, 2, 2, 2]}, {"dense"}),
+    "depthwise_dense_odd": (
+        (1, 6, 5, 4),
+        (6, 1, 3, 3),
+        {"group": 6, "strides": [2, 1], "dilations": [1, 2], "pads": [1, 2, 0, 1]},
+        {"dense"},
+    ),
+    "depthwise_8x8_5x5": ((2, 4, 8, 8), (4, 1, 5, 5), {"group": 4, "pads": [2, 2, 2, 2]}, {"dense"}),
+    "depthwise_3d": ((1, 3, 3, 2, 3), (3, 1, 2, 2, 2), {"group": 3, "pads": [1, 0, 1, 1, 1, 0]}, {"dense"}),
+    "depthwise_1d_batch1": ((1, 5, 6), (5, 1, 3), {"group": 5, "pads": [1, 1]}, {"dense"}),
     "3x3_same_s1": ((2, 5, 8, 7), (6, 5, 3, 3), {"pads": [1, 1, 1, 1]}, set()),
     "3x3_same_s1_batch1": ((1, 4, 6, 6), (3, 4, 3, 3), {"pads": [1, 1, 1, 1]}, set()),
 }
@@ -125,10 +136,14 @@ def test_fast_paths_equal_plain(monkeypatch, case):
             spy(monkeypatch, nn_kernels, "batch_columns"),
             spy(monkeypatch, nn_grad, "batch_columns"),
         ),
+        "dense": (
+            spy(monkeypatch, depthwise, "_dense_weights"),
+            spy(monkeypatch, depthwise, "_grad_weight_dense"),
+        ),
     }
     fast = _all_three(x, w, b, dy, attrs)
     for path in expect:
-        assert any(calls[path]), f"{case}: the {path} path was not taken"
+        assert all(calls[path]) if path == "dense" else any(calls[path]), f"{case}: {path} not taken"
     with fastpaths.plain(*PATHS):
         plain = _all_three(x, w, b, dy, attrs)
     for name, f, p in zip(("Y", "dX", "dW", "dB"), fast, plain):
@@ -176,9 +191,12 @@ def test_new_paths_gradients_vs_finite_differences(monkeypatch, case):
     xs, ws, attrs, expect = CASES[case]
     phases = spy(monkeypatch, nn_kernels, "PhaseColumns"), spy(monkeypatch, nn_grad, "PhaseColumns")
     batched = spy(monkeypatch, nn_kernels, "batch_columns"), spy(monkeypatch, nn_grad, "batch_columns")
+    dense = spy(monkeypatch, depthwise, "_dense_weights"), spy(monkeypatch, depthwise, "_grad_weight_dense")
     rng = np.random.default_rng(3 + len(case))
     check_grad("Conv", [rng.standard_normal(xs), rng.standard_normal(ws), rng.standard_normal(ws[:1])], attrs)
-    assert any(phases if "phases" in expect else batched)
+    taken = {"phases": phases, "batched": batched, "dense": dense}
+    for path in expect:
+        assert all(taken[path]) if path == "dense" else any(taken[path]), f"{case}: {path} not taken"
 
 
 def test_one_position_pointwise_takes_no_transposes(monkeypatch):

@@ -23,7 +23,19 @@ import math
 
 import numpy as np
 
+from edgetrain.core import fastpaths
+
 Ints = tuple[int, ...]
+
+# fast path (edgetrain.core.fastpaths): a depthwise conv over few positions as one small dense matrix per channel
+DENSE = "depthwise_dense"
+# ... when that matrix (input positions x output positions) has at most this many entries: the last layers of mobile
+# nets (4x4 and 2x2 with 3x3 and 5x5 kernels: 1.3-3.4x faster than the multiply-adds over the offsets, measured),
+# whose padding the matrix leaves out; or at most DENSE_MAX_ENTRIES when an image has at most DENSE_TAPS_RATIO times
+# the kernel's offsets as positions (EfficientNet's 5x5 over 8x8: 1.3-1.9x; 3x3 over 8x8 would lose 2x)
+DENSE_SMALL_ENTRIES = 256
+DENSE_MAX_ENTRIES = 4096
+DENSE_TAPS_RATIO = 3
 
 # outputs with at most this many positions per image (the last layers of mobile nets: 2x2, 4x4) are computed on
 # their own positions, channels last, rather than on the phase grid of the padded input (9x larger for a 5x5
@@ -209,6 +221,9 @@ def conv(
     if math.prod(o) <= POSITIONS_MAX:
         _conv_positions(x, w, p, s, d, o, y)
         return
+    if _dense(x.shape[2:], o, x.shape[1], w.shape[0], math.prod(w.shape[2:])):
+        _conv_dense(x, w, p, s, d, o, y)
+        return
     for lo, hi in _batches(x.shape[0], _per_image(x, x.shape[2:], o, w.shape[0], w.shape[2:]), budget):
         _conv(x[lo:hi], w, p, s, d, o, y[lo:hi])
 
@@ -221,6 +236,9 @@ def grad_input(
     if math.prod(dy.shape[2:]) <= POSITIONS_MAX:
         _grad_input_positions(dy, w, p, s, d, dx)
         return dx
+    if _dense(sp, dy.shape[2:], c, dy.shape[1], math.prod(w.shape[2:])):
+        _grad_input_dense(dy, w, p, s, d, dx)
+        return dx
     for lo, hi in _batches(dy.shape[0], _per_image(dy, sp, dy.shape[2:], dy.shape[1], w.shape[2:]), budget):
         _grad_input(dy[lo:hi], w, p, s, d, dx[lo:hi])
     return dx
@@ -232,6 +250,8 @@ def grad_weight(
     """(dW [Cm, K], dB [Cm] or None) of a depthwise convolution from dY [N, Cm, *o] and x [N, C, sp...]."""
     if math.prod(dy.shape[2:]) <= POSITIONS_MAX:
         return _grad_weight_positions(dy, x, k, p, s, d, want_b)
+    if _dense(x.shape[2:], dy.shape[2:], x.shape[1], dy.shape[1], math.prod(k)):
+        return _grad_weight_dense(dy, x, k, p, s, d, want_b)
     dw = db = None
     for lo, hi in _batches(x.shape[0], _per_image(x, x.shape[2:], dy.shape[2:], dy.shape[1], k), budget):
         part, part_b = _grad_weight(dy[lo:hi], x[lo:hi], k, p, s, d, want_b)
@@ -294,6 +314,75 @@ def _grad_weight(dy, x, k, p, s, d, want_b: bool) -> tuple[np.ndarray, np.ndarra
     return dw.T, db
 
 
+# ---- few positions: per channel, one dense [input positions, output positions] matrix of the kernel's taps
+
+
+def _dense(sp: Ints, o: Ints, c: int, cm: int, kk: int) -> bool:
+    pin, entries = math.prod(sp), math.prod(sp) * math.prod(o)
+    if cm != c or entries > DENSE_MAX_ENTRIES:
+        return False
+    return (entries <= DENSE_SMALL_ENTRIES or pin <= DENSE_TAPS_RATIO * kk) and fastpaths.enabled(DENSE)
+
+
+@functools.lru_cache(maxsize=256)
+def _dense_taps(sp: Ints, p: Ints, s: Ints, d: Ints, k: Ints, o: Ints) -> np.ndarray:
+    """[input positions, output positions]: the kernel offset (row-major, as W's) joining each input position to
+    each output position, or prod(k) (a zero) where none does (padding, or outside the window)."""
+    tap = np.zeros((math.prod(sp), math.prod(o)), np.int64)
+    hit = np.ones(tap.shape, bool)
+    for i in range(len(sp)):
+        inp = np.arange(sp[i]).reshape((1,) * i + (-1,) + (1,) * (len(sp) - 1 - i)) * np.ones(sp, np.int64)
+        out = np.arange(o[i]).reshape((1,) * i + (-1,) + (1,) * (len(o) - 1 - i)) * np.ones(o, np.int64)
+        off = inp.reshape(-1, 1) + p[i] - out.reshape(1, -1) * s[i]  # = tap * d for a joining tap
+        t = off // d[i]
+        hit &= (off % d[i] == 0) & (t >= 0) & (t < k[i])
+        tap = tap * k[i] + np.clip(t, 0, k[i] - 1)
+    return np.where(hit, tap, math.prod(k))
+
+
+def _dense_weights(w: np.ndarray, sp, p, s, d, o) -> np.ndarray:
+    """W [C, 1, k...] as [C, input positions, output positions] (zeros where no tap joins them)."""
+    k = w.shape[2:]
+    taps = _dense_taps(tuple(sp), tuple(p[: len(sp)]), tuple(s), tuple(d), tuple(k), tuple(o))
+    wz = np.zeros((w.shape[0], math.prod(k) + 1), w.dtype)
+    wz[:, :-1] = w.reshape(w.shape[0], -1)
+    return wz[:, taps]
+
+
+def _channel_rows(a: np.ndarray) -> np.ndarray:
+    """a [N, C, spatial...] as a contiguous [C, N, positions]: per channel, the images' positions as rows."""
+    return np.ascontiguousarray(a.reshape(a.shape[0], a.shape[1], -1).transpose(1, 0, 2))
+
+
+def _to_batch_first(r: np.ndarray, out: np.ndarray) -> None:
+    """out [N, C, spatial...] = r [C, N, positions]."""
+    np.copyto(out.reshape(out.shape[0], out.shape[1], -1), r.transpose(1, 0, 2))
+
+
+def _conv_dense(x: np.ndarray, w: np.ndarray, p: Ints, s: Ints, d: Ints, o: Ints, y: np.ndarray) -> None:
+    _to_batch_first(_channel_rows(x) @ _dense_weights(w, x.shape[2:], p, s, d, o), y)
+
+
+def _grad_input_dense(dy: np.ndarray, w: np.ndarray, p: Ints, s: Ints, d: Ints, dx: np.ndarray) -> None:
+    wf = _dense_weights(w, dx.shape[2:], p, s, d, dy.shape[2:])
+    _to_batch_first(_channel_rows(dy) @ wf.transpose(0, 2, 1), dx)
+
+
+def _grad_weight_dense(dy, x, k, p, s, d, want_b: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """dW per channel: X^T dY [input positions, output positions], each entry added to the tap joining them (a
+    product with the taps' one-hot matrix)."""
+    c, kk = x.shape[1], math.prod(k)
+    taps = _dense_taps(
+        tuple(x.shape[2:]), tuple(p[: len(k)]), tuple(s), tuple(d), tuple(k), tuple(dy.shape[2:])
+    )
+    dyr = _channel_rows(dy)
+    dwf = _channel_rows(x).transpose(0, 2, 1) @ dyr  # [C, input positions, output positions]
+    onehot = (taps.reshape(-1, 1) == np.arange(kk)).astype(x.dtype)
+    dw = dwf.reshape(c, -1) @ onehot
+    db = dyr.reshape(c, -1) @ np.ones(dyr.shape[1] * dyr.shape[2], x.dtype) if want_b else None
+    return dw, db
+
+
 # ---- few output positions: channels last, each kernel offset's window a strided view of the padded input
 
 
@@ -333,6 +422,9 @@ def _padded_last(x: np.ndarray, p: Ints, ext: Ints) -> np.ndarray:
 
 
 def _conv_positions(x: np.ndarray, w: np.ndarray, p: Ints, s: Ints, d: Ints, o: Ints, y: np.ndarray) -> None:
+    if _dense(x.shape[2:], o, x.shape[1], w.shape[0], math.prod(w.shape[2:])):
+        _conv_dense(x, w, p, s, d, o, y)
+        return
     (n, c), cm, nd = x.shape[:2], w.shape[0], x.ndim - 2
     mult = cm // c
     ext, live = _windows(x.shape[2:], p, s, d, w.shape[2:], o)
@@ -349,6 +441,9 @@ def _conv_positions(x: np.ndarray, w: np.ndarray, p: Ints, s: Ints, d: Ints, o: 
 
 
 def _grad_input_positions(dy: np.ndarray, w: np.ndarray, p: Ints, s: Ints, d: Ints, dx: np.ndarray) -> None:
+    if _dense(dx.shape[2:], dy.shape[2:], dx.shape[1], dy.shape[1], math.prod(w.shape[2:])):
+        _grad_input_dense(dy, w, p, s, d, dx)
+        return
     (n, cm), c, nd = dy.shape[:2], dx.shape[1], dy.ndim - 2
     mult, o = cm // c, dy.shape[2:]
     ext, live = _windows(dx.shape[2:], p, s, d, w.shape[2:], o)
@@ -368,6 +463,8 @@ def _grad_input_positions(dy: np.ndarray, w: np.ndarray, p: Ints, s: Ints, d: In
 
 
 def _grad_weight_positions(dy, x, k, p, s, d, want_b: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    if _dense(x.shape[2:], dy.shape[2:], x.shape[1], dy.shape[1], math.prod(k)):
+        return _grad_weight_dense(dy, x, k, p, s, d, want_b)
     (n, c), cm = x.shape[:2], dy.shape[1]
     mult, o = cm // c, dy.shape[2:]
     ext, live = _windows(x.shape[2:], p, s, d, k, o)
