@@ -886,10 +886,12 @@ def _softmax_cross_entropy_grad_lean(node: Node, infos, consts, out, shared):
     e, s, ar = rows.e, rows.s, rows.rows
     count = rows.n if node.attrs.get("reduction", "mean") == "mean" else infos[0].dtype.type(1)
     mul, div, asarray, dt = np.multiply, np.divide, np.asarray, infos[0].dtype
+    seed = consts[2]  # the loss's seed is a constant of the step: its scale is computed once
+    fixed = None if seed is None else asarray(seed, dt) / count
 
     def softmax_cross_entropy_grad_lean(x, target, dloss):
         # softmax_cross_entropy_grad's plain case on the loss's exp and row sums
-        scale = asarray(dloss, dt) / count
+        scale = asarray(dloss, dt) / count if fixed is None else fixed
         mul(e, div(scale, s)[:, None], out=out)
         out[ar, target] -= scale
         return out
