@@ -3,14 +3,13 @@ the new user's sentences (held-out top-1 up, perplexity down) with LoRA, head-on
 adapter files are a few percent of the model; the merged export is the original graph and equals the personalized
 session in onnxruntime; one served base model with the user's onnxruntime adapter file equals the merged model and,
 without it, is the base model; the printed table is the JSON's. The command line runs it and refuses what it must.
-The README's table is the default run's (slow)."""
+That the README's table is the default run's, tests/test_readme_commands.py checks on the README's own command."""
 
 from __future__ import annotations
 
 import io
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -150,24 +149,3 @@ def test_the_command_line_refuses_what_it_must(tmp_path):
     q = cli("--quantized", cwd=tmp_path)
     assert q.returncode != 0 and "--model lenet" in q.stderr
     assert not (tmp_path / "edgetrain-demo-keyboard").exists()
-
-
-def _table(text: str) -> dict[str, list[str]]:
-    """The keyboard table's rows (label -> the figure cells before the timings) in demo output or the README."""
-    rows = {}
-    for label in ("base model", "LoRA r8 (attn, MLP)", "head-only", "full"):
-        m = re.search(rf"^  {re.escape(label)} +(\d+\.\d% .+)$", text, re.M)  # a table row: top-1 first
-        assert m, label
-        rows[label] = m.group(1).split()[:6]
-    return rows
-
-
-@pytest.mark.slow
-def test_the_readmes_table_is_the_default_run(tmp_path):
-    """The command line's default run (5 epochs, ~2 minutes): its figures (not the timings) are the README's."""
-    proc = cli("--json", str(tmp_path / "r.json"), cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert (tmp_path / "edgetrain-demo-keyboard" / "summary.json").exists()
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("### A keyboard that learns its user's words") :]
-    assert _table(section[: section.index("\n### ")]) == _table(proc.stdout)
