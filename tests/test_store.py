@@ -645,10 +645,16 @@ def test_killed_writer_loses_no_acknowledged_sample(tmp_path, report):
     )
 
 
+def forty_kills(folder: Path) -> dict:
+    """In the background (tests/conftest.py): the kills mostly wait for their random instants."""
+    return kill_rounds(folder / "s.db", 40, seed=1)
+
+
 @pytest.mark.slow
-def test_killed_writer_loses_no_acknowledged_sample_many_times(tmp_path, report):
+@pytest.mark.background(job=forty_kills)
+def test_killed_writer_loses_no_acknowledged_sample_many_times(background, report):
     kills = 40
-    res = kill_rounds(tmp_path / "s.db", kills, seed=1)
+    res, _ = background
     assert res["acked"] > 40 * 10
     report(
         "sample store",
