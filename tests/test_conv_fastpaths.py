@@ -303,3 +303,58 @@ def test_max_pool_grad_grid_vs_finite_differences(monkeypatch, case):
     x = (np.random.default_rng(2).permutation(n).reshape(xs) - n / 2) * 0.01
     check_grad("MaxPool", [x], attrs)
     assert calls
+
+
+# ---------------------------------------------------------------- switches read when a step is compiled
+
+
+def _stem_model():
+    """X [2, 3, 16, 16] -> Conv 8x3x3x3 stride 2 (its columns from the stride phases) -> Relu -> global pool -> Gemm."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(_rand(rng, (8, 3, 3, 3)) * 0.3, "w"),
+        numpy_helper.from_array(_rand(rng, (8,)) * 0.1, "b"),
+        numpy_helper.from_array(_rand(rng, (10, 8)) * 0.3, "fc_w"),
+        numpy_helper.from_array(_rand(rng, (10,)) * 0.1, "fc_b"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], strides=[2, 2], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("GlobalAveragePool", ["r"], ["g"]),
+        helper.make_node("Flatten", ["g"], ["f"]),
+        helper.make_node("Gemm", ["f", "fc_w", "fc_b"], ["logits"], transB=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "stem",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 16, 16])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [2, 10])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_compiled_step_reads_switches_when_compiled(monkeypatch):
+    """A training step reads the paths' switches when it is compiled (the interpreter's lean hook): compiled with
+    conv_strided_flat off, it keeps it off when run outside the block, and compiled with it on, keeps it on inside
+    one; both train alike."""
+    import edgetrain as et
+
+    art = et.convert(_stem_model(), loss=et.CrossEntropyLoss(), optimizer=et.SGD(lr=0.1, momentum=0.9))
+    rng = np.random.default_rng(1)
+    x, y = _rand(rng, (2, 3, 16, 16)), np.array([1, 7], np.int64)
+    calls = spy(monkeypatch, nn_kernels, "PhaseColumns")
+    with fastpaths.plain(nn_kernels.STRIDED_FLAT):
+        off = et.TrainingSession(art)
+    on_ = et.TrainingSession(art)
+    assert off._step_program._compiled is not None
+    off.train_step(x, y)
+    forward_off = len(calls)
+    with fastpaths.plain(nn_kernels.STRIDED_FLAT):
+        on_.train_step(x, y)
+    # the step compiled with the path on took it in its forward (the lean Conv) even inside plain()
+    assert len(calls) > forward_off
+    for a, b in zip(off.parameters().values(), on_.parameters().values()):
+        assert _rel(a, b) <= 1e-6

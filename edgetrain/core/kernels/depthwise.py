@@ -18,8 +18,11 @@ Two layouts of the grid:
 from __future__ import annotations
 
 import functools
+import inspect
 import itertools
 import math
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -27,8 +30,50 @@ from edgetrain.core import fastpaths
 
 Ints = tuple[int, ...]
 
+# ---- the switches of the convolution and pooling kernels' fast paths (here, the module nn and nn_grad both import)
+
+# every path's name (nn and nn_grad add theirs on import): read together when a step is compiled
+PATHS: list[str] = []
+# the switches a compiled (lean) step read when it was compiled, innermost last; empty outside such a step's call
+_PINNED: list[frozenset[str]] = []
+
+
+def on(name: str) -> bool:
+    """Whether the fast path `name` is on: as read when the running step was compiled (pinned), else now (a kernel
+    called outside a compiled step: an inference graph, a test)."""
+    return name in _PINNED[-1] if _PINNED else fastpaths.enabled(name)
+
+
+def lean_builder(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The interpreter's `lean` hook for kernel fn: at compile time, reads every path's switch once and returns fn
+    with the node's attributes bound that runs under those switches (no switch read per call)."""
+
+    params = inspect.signature(fn).parameters
+
+    def build(node, infos, consts, out, shared):
+        kwargs = dict(node.attrs)
+        if "out" in params:
+            kwargs["out"] = out
+        if "noutputs" in params:
+            kwargs["noutputs"] = 1  # the interpreter asks only single-output nodes for a lean step
+        state = frozenset(p for p in PATHS if fastpaths.enabled(p))
+        pin, unpin = _PINNED.append, _PINNED.pop
+
+        def pinned(*inputs):
+            pin(state)
+            try:
+                return fn(*inputs, **kwargs)
+            finally:
+                unpin()
+
+        return pinned
+
+    return build
+
+
 # fast path (edgetrain.core.fastpaths): a depthwise conv over few positions as one small dense matrix per channel
 DENSE = "depthwise_dense"
+PATHS.append(DENSE)
 # ... when that matrix (input positions x output positions) has at most this many entries: the last layers of mobile
 # nets (4x4 and 2x2 with 3x3 and 5x5 kernels: 1.3-3.4x faster than the multiply-adds over the offsets, measured),
 # whose padding the matrix leaves out; or at most DENSE_MAX_ENTRIES when an image has at most DENSE_TAPS_RATIO times
@@ -321,7 +366,7 @@ def _dense(sp: Ints, o: Ints, c: int, cm: int, kk: int) -> bool:
     pin, entries = math.prod(sp), math.prod(sp) * math.prod(o)
     if cm != c or entries > DENSE_MAX_ENTRIES:
         return False
-    return (entries <= DENSE_SMALL_ENTRIES or pin <= DENSE_TAPS_RATIO * kk) and fastpaths.enabled(DENSE)
+    return (entries <= DENSE_SMALL_ENTRIES or pin <= DENSE_TAPS_RATIO * kk) and on(DENSE)
 
 
 @functools.lru_cache(maxsize=256)

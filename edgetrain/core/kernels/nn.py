@@ -9,10 +9,10 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from edgetrain.core import fastpaths
 from edgetrain.core.errors import ShapeError, UnsupportedError
 
 from . import depthwise
+from .depthwise import on
 from .registry import kernel
 
 AUTO_PADS = ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER")
@@ -39,8 +39,9 @@ CONV1X1_BATCHED = "conv1x1_batched"  # ... with few positions per image: one GEM
 DEPTHWISE = "depthwise"  # depthwise convolutions: multiply-adds per kernel offset (kernels/depthwise.py)
 GI_AS_CONV = "conv_gi_as_conv"  # stride-1 input gradients as a convolution with the flipped kernel, no col2im
 STRIDED_FLAT = (
-    "conv_strided_flat"  # strided convs' columns copied from the stride phases of the input (PhaseColumns)
+    "conv_strided_flat"  # strided convs' columns from the stride phases of the input (PhaseColumns)
 )
+depthwise.PATHS.extend((CONV1X1, CONV1X1_BATCHED, DEPTHWISE, GI_AS_CONV, STRIDED_FLAT))
 # strided convs with this many output positions per image or more take their columns from the input's stride phases
 # (PhaseColumns) when those compute at most FLAT_MAX_WASTE times the needed positions
 PHASE_MIN_POSITIONS = 64
@@ -384,10 +385,10 @@ def conv(
     s, d = per_axis(strides, nd, 1, "strides"), per_axis(dilations, nd, 1, "dilations")
     dtype, x, w = x.dtype, x.astype(ct, copy=False), w.astype(ct, copy=False)
     y = _target(out, x.shape[:1] + (m,) + oshape, ct)
-    if max(k) == 1 and not any(p) and fastpaths.enabled(CONV1X1):
+    if max(k) == 1 and not any(p) and on(CONV1X1):
         xs = x[(slice(None),) * 2 + tuple(slice(None, None, si) for si in s)] if max(s) > 1 else x
         pointwise(w.reshape(m, -1), xs.reshape(x.shape[0], x.shape[1], -1), group, y)
-    elif group == x.shape[1] == m and fastpaths.enabled(DEPTHWISE):
+    elif group == x.shape[1] == m and on(DEPTHWISE):
         # depthwise: multiply-adds over the kernel offsets, 1.2-3x faster than im2col's per-channel [1, K]
         # products; with a channel multiplier, im2col's columns serve every output of a channel and win
         depthwise.conv(x, w, p, s, d, oshape, y, IM2COL_BUDGET)
@@ -398,12 +399,15 @@ def conv(
     return deliver(y, out, dtype)
 
 
+conv.lean = depthwise.lean_builder(conv)
+
+
 def pointwise(w2: np.ndarray, x3: np.ndarray, group: int, y: np.ndarray) -> None:
     """y [N, M, *out] = w2 [M, C/group] @ x3[n] [C, P] per image and group: a 1x1 convolution without columns; with
     few positions, one GEMM over the batch (or, with one position, x3 itself as the rows of the GEMM)."""
     n, c, npos = x3.shape
     m = w2.shape[0]
-    if group > 1 or npos > BATCHED_POSITIONS or not fastpaths.enabled(CONV1X1_BATCHED):
+    if group > 1 or npos > BATCHED_POSITIONS or not on(CONV1X1_BATCHED):
         _grouped_matmul(w2, x3, group, y)
     elif npos == 1:  # [N, C] @ [C, M]: the images are the rows already
         np.matmul(x3.reshape(n, c), w2.T, out=y.reshape(n, m))
@@ -484,7 +488,7 @@ def use_phases(sp, p, oshape, k, s, d, channels: int) -> bool:
     """Whether a strided conv's columns are best taken from the input's stride phases (PhaseColumns)."""
     if max(s) == 1 or math.prod(oshape) < PHASE_MIN_POSITIONS or channels * math.prod(k) > PHASE_MAX_ROWS:
         return False
-    if not fastpaths.enabled(STRIDED_FLAT):
+    if not on(STRIDED_FLAT):
         return False
     return phase_layout(tuple(sp), tuple(p), tuple(oshape), tuple(k), tuple(s), tuple(d))[2] <= (
         FLAT_MAX_WASTE * math.prod(oshape)

@@ -8,12 +8,12 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from edgetrain.core import fastpaths
 from edgetrain.core.errors import ShapeError
 from edgetrain.core.ir import Node, TensorInfo
 from edgetrain.core.ops import PRIVATE_DOMAIN
 
 from . import depthwise
+from .depthwise import on
 from .nn import (
     BATCHED_POSITIONS,
     CACHE_BUDGET,
@@ -116,7 +116,7 @@ def conv_grad_input(
     ct = compute_dtype(dy, "ConvGradInput")
     spatial_rank(dy, "ConvGradInput", w.shape[2:])
     sp, k = tuple(int(v) for v in output_shape), w.shape[2:]
-    fast = fastpaths.enabled
+    fast = on
     n, m, c = dy.shape[0], w.shape[0], w.shape[1] * group
     oshape, p, s, d, ext = _conv_setup("ConvGradInput", sp, k, group, (n, c), m, dy, dilations, pads, strides)
     cg, mg, kk = c // group, m // group, math.prod(k)
@@ -169,13 +169,16 @@ def _pointwise_grad_input(dy: np.ndarray, w: np.ndarray, group: int, wt: np.ndar
     n, m, c = dy.shape[0], w.shape[0], w.shape[1] * group
     dy3 = dy.reshape(n, m, -1)
     npos = dy3.shape[2]
-    if group > 1 or npos > BATCHED_POSITIONS or not fastpaths.enabled(CONV1X1_BATCHED):
+    if group > 1 or npos > BATCHED_POSITIONS or not on(CONV1X1_BATCHED):
         return np.matmul(wt, dy3.reshape(n, group, m // group, npos)).reshape(n, c, npos)
     w2 = w.reshape(m, c)
     if npos == 1:  # [N, M] @ [M, C]: the images are the rows already
         return (dy3.reshape(n, m) @ w2).reshape(n, c, 1)
     dxt = w2.T @ batch_columns(dy3)
     return np.ascontiguousarray(dxt.reshape(c, n, npos).transpose(1, 0, 2))
+
+
+conv_grad_input.lean = depthwise.lean_builder(conv_grad_input)
 
 
 # ConvGradInput runs as a convolution when the input has at most this many times the output's positions
@@ -240,7 +243,7 @@ def conv_grad_weight(
     )
     dtype, x, dy = x.dtype, x.astype(ct, copy=False), dy.astype(ct, copy=False)
     npos = math.prod(oshape)
-    pointwise = max(k) == 1 and oshape == x.shape[2:] and not any(p) and fastpaths.enabled(CONV1X1)
+    pointwise = max(k) == 1 and oshape == x.shape[2:] and not any(p) and on(CONV1X1)
     if pointwise and group == 1 and npos <= GW_BATCHED_POSITIONS:  # one GEMM over the batch's positions
         dw, db = _weight_grad_columns(dy, x, group, k, oshape, p, s, d, ext, noutputs > 1)
     elif pointwise and (m // group) * (c // group) <= 8 * (m + c) * npos:
@@ -257,9 +260,7 @@ def conv_grad_weight(
     elif (group == 1 or c > group) and use_phases(x.shape[2:], p, oshape, k, s, d, c):
         cols = PhaseColumns(x, k, s, p, d, oshape)
         dw, db = _weight_grad_rows(dy, x, group, math.prod(k), cols.row, cols.fill, noutputs > 1)
-    elif c == group and fastpaths.enabled(
-        DEPTHWISE
-    ):  # depthwise (or one input channel): multiply-adds per offset
+    elif c == group and on(DEPTHWISE):  # depthwise (or one input channel): multiply-adds per offset
         dw, db = depthwise.grad_weight(dy, x, k, p, s, d, noutputs > 1, IM2COL_BUDGET)
     else:
         dw, db = _weight_grad_columns(dy, x, group, k, oshape, p, s, d, ext, noutputs > 1)
@@ -270,6 +271,9 @@ def conv_grad_weight(
 # 1x1 weight gradients with at most this many positions per image: one GEMM over the batch's positions (its long
 # reduction suits BLAS) rather than per-image products summed: 1.2-2.5x faster up to 8x8, even at 16x16 (measured)
 GW_BATCHED_POSITIONS = 64
+
+
+conv_grad_weight.lean = depthwise.lean_builder(conv_grad_weight)
 
 
 def _pointwise_grad_weight_batched(dy: np.ndarray, x: np.ndarray, want_b: bool):
@@ -290,13 +294,7 @@ def _weight_grad_columns(dy, x, group, k, oshape, p, s, d, ext, want_b):
     """(dW [G, Mg, Cg*K], dB [M] or None) through batch-last im2col columns [C*K, out..., N] (one strided copy per
     chunk of output rows, sized as the forward's: nn.row_chunk)."""
     (n, c), m, ct, nd = x.shape[:2], dy.shape[1], x.dtype, len(k)
-    if (
-        group == 1
-        and max(k + s) == 1
-        and not any(p)
-        and fastpaths.enabled(CONV1X1)
-        and fastpaths.enabled(CONV1X1_BATCHED)
-    ):
+    if group == 1 and max(k + s) == 1 and not any(p) and on(CONV1X1) and on(CONV1X1_BATCHED):
         dw, db = _pointwise_grad_weight_batched(dy, x, want_b)  # a 1x1 conv's columns are X itself
         return dw.reshape(1, m, c), db
     cg, mg, kk = c // group, m // group, math.prod(k)
@@ -406,7 +404,7 @@ def max_pool_grad(
     _check_dy("MaxPoolGrad (Y)", y, x.shape[:2] + oshape)
     dy = dy.astype(ct, copy=False)
     add = _overlapping(k, s, d)
-    if add and len(k) > 1 and fastpaths.enabled(MAXPOOL_GRAD_GRID):
+    if add and len(k) > 1 and on(MAXPOOL_GRAD_GRID):
         return deliver(_max_pool_grad_grid(x, y, dy, p, k, s, d, ct), None, x.dtype)
     xp = pad_input(x, p, oshape, k, s, d, -np.inf)
     # windows that tile the padded input (LeNet's 2x2 stride 2) write every element: no zero fill needed
@@ -442,6 +440,7 @@ def max_pool_grad(
 # and add one contiguous run per channel, where the padded input's strided windows run a few elements per row
 # (ResNet18's 64x32x32 pool, batch 8: 2.5x); the same operations in the same order, so the same bits
 MAXPOOL_GRAD_GRID = "maxpool_grad_grid"
+depthwise.PATHS.append(MAXPOOL_GRAD_GRID)
 
 
 def _max_pool_grad_grid(x, y, dy, p, k, s, d, ct) -> np.ndarray:
@@ -468,6 +467,9 @@ def _max_pool_grad_grid(x, y, dy, p, k, s, d, ct) -> np.ndarray:
             dst = g.block(dxb, ph, sh)
             np.add(dst, part, out=dst)
     return g.gather_input(dxb, np.empty(x.shape, ct))
+
+
+max_pool_grad.lean = depthwise.lean_builder(max_pool_grad)
 
 
 # ---------------------------------------------------------------- AveragePoolGrad
