@@ -1,15 +1,17 @@
-"""Recurrent kernels: ONNX LSTM, GRU and RNN, and their fused backward ops (LSTMGrad, GRUGrad, RNNGrad).
+"""Recurrent kernels: ONNX LSTM, GRU and RNN, their training-mode forwards (LSTMTrain, GRUTrain, RNNTrain) and
+their fused backward ops (LSTMGrad, GRUGrad, RNNGrad).
 
 One driver runs every cell: directions (forward, reverse, bidirectional), layouts 0 and 1, initial states,
 sequence_lens (a reverse direction reverses each sequence within its own length; steps past a length leave the
 state as it was and write zeros to Y), clip, every activation the spec lists, LSTM peepholes and input_forget, GRU
 linear_before_reset. Per direction the input projection of all steps is one GEMM; each step is one GEMM against R
-and a few elementwise passes.
+and a few elementwise passes, written where their results stay (Y's rows, or the trace's).
 
-The backward recomputes the forward, keeping every step's gate activations, then runs back through time: the
-gradient of each step's pre-activations goes into one [T, N, G*H] array, so dX, dW and the recurrence weights'
-gradient are each one GEMM over all steps; only dH (through R) is per step. Recomputing costs one forward, and
-spares the training step from keeping the gates of every step alive between the forward and the backward.
+The training-mode forward also writes the trace (trace_blocks: every step's gate values, the states before each
+step, what the backward needs besides): the backward reads it and runs back through time. Without a trace (the
+fast path "recurrent-trace" off), the backward runs the forward again to make one. The gradient of each step's
+pre-activations goes into one [T, N, G*H] array, so dX, dW and the recurrence weights' gradient are each one GEMM
+over all steps; only dH (through R) is per step.
 """
 
 from __future__ import annotations
@@ -763,11 +765,14 @@ def _run_backward(
     dY=None,
     dY_h=None,
     dY_c=None,
-    trace=None,
     noutputs: int = 1,
     **attrs,
 ):
-    """The fused backward ops' shared body: their parameters (a kernel passes its locals()) -> the gradients."""
+    """The fused backward ops' shared body: their parameters (a kernel passes its locals()) -> the gradients.
+    initial_h may be the training forward's trace (2-D, where a state is 3-D): it holds the initial states."""
+    trace = None
+    if initial_h is not None and np.ndim(initial_h) == 2:
+        trace, initial_h = initial_h, None  # the backward reads the states from the trace
     spec = make_spec(op, X, W, R, B, sequence_lens, initial_h, initial_c, P, **attrs)
     return backward(spec, dY, dY_h, dY_c, noutputs, trace)
 
@@ -1097,9 +1102,10 @@ def _gru_back(spec: Spec, tr: Trace, t: int, dh_new, r, da, s, extra_grad):
     return dh_prev
 
 
-# LSTMGrad(X, W, R, B, sequence_lens, initial_h, initial_c, P, dY, dY_h, dY_c[, trace]) -> dX, dW, dR, dB,
-# d initial_h, d initial_c, dP (the LSTM's attributes); an omitted seed is a zero gradient; trace: LSTMTrain's
-# last output (without it, the kernel runs the forward again).
+# LSTMGrad(X, W, R, B, sequence_lens, initial_h, initial_c, P, dY, dY_h, dY_c) -> dX, dW, dR, dB, d initial_h,
+# d initial_c, dP (the LSTM's attributes); an omitted seed is a zero gradient. In place of initial_h, the fused
+# backward may read LSTMTrain's trace [D, size], whose states begin with the initial ones: then it runs no forward
+# (the trace is 2-D, a state 3-D: the kernel, the shapes and the body tell them apart so).
 def _backward_shapes(node: Node, infos: list[TensorInfo | None]) -> list[TensorInfo | None]:
     """LSTMGrad, GRUGrad, RNNGrad: the gradients of X, W, R, B, initial_h (and initial_c, P), each of its input's
     shape; B, initial_h (initial_c, P) of their default shape when the node has no such input."""
@@ -1113,7 +1119,10 @@ def _backward_shapes(node: Node, infos: list[TensorInfo | None]) -> list[TensorI
     def given(k: int, shape: tuple[int, ...]) -> TensorInfo:
         return infos[k] if k < len(infos) and infos[k] is not None else TensorInfo(x.dtype, shape)
 
-    made = [x, w, r, given(3, (d, 2 * gates * hidden)), given(5, state)]
+    h0 = given(5, state)
+    if len(h0.shape) == 2:  # the training forward's trace stands in for initial_h (it holds the states)
+        h0 = TensorInfo(x.dtype, state)
+    made = [x, w, r, given(3, (d, 2 * gates * hidden)), h0]
     if node.op_type == "LSTMGrad":
         made += [given(6, state), given(7, (d, 3 * hidden))]
     return [TensorInfo(x.dtype, tuple(m.shape)) for m in made[: len(node.outputs)]]
@@ -1132,7 +1141,6 @@ def lstm_grad(
     dY=None,
     dY_h=None,
     dY_c=None,
-    trace=None,
     *,
     activation_alpha=None,
     activation_beta=None,
@@ -1147,7 +1155,7 @@ def lstm_grad(
     return _run_backward("LSTM", **locals())
 
 
-# GRUGrad(X, W, R, B, sequence_lens, initial_h, dY, dY_h[, trace]) -> dX, dW, dR, dB, d initial_h
+# GRUGrad(X, W, R, B, sequence_lens, initial_h or the trace, dY, dY_h) -> dX, dW, dR, dB, d initial_h
 @kernel("GRUGrad", domain=PRIVATE_DOMAIN, shape=_backward_shapes)
 def gru_grad(
     X,
@@ -1158,7 +1166,6 @@ def gru_grad(
     initial_h=None,
     dY=None,
     dY_h=None,
-    trace=None,
     *,
     activation_alpha=None,
     activation_beta=None,
@@ -1173,7 +1180,7 @@ def gru_grad(
     return _run_backward("GRU", **locals())
 
 
-# RNNGrad(X, W, R, B, sequence_lens, initial_h, dY, dY_h[, trace]) -> dX, dW, dR, dB, d initial_h
+# RNNGrad(X, W, R, B, sequence_lens, initial_h or the trace, dY, dY_h) -> dX, dW, dR, dB, d initial_h
 @kernel("RNNGrad", domain=PRIVATE_DOMAIN, shape=_backward_shapes)
 def rnn_grad(
     X,
@@ -1184,7 +1191,6 @@ def rnn_grad(
     initial_h=None,
     dY=None,
     dY_h=None,
-    trace=None,
     *,
     activation_alpha=None,
     activation_beta=None,

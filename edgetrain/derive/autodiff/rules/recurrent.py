@@ -57,7 +57,9 @@ def recurrent_grad(g: GradContext, node: Node, dys: Grads, needs: list[bool]) ->
     last = max(j for j, w in enumerate(wanted) if w)
     names = [g.b.fresh(f"{node.name}_grad_{j}") if w else "" for j, w in enumerate(wanted[: last + 1])]
     trace = _train_forward(g, node) if fastpaths.enabled(TRACE) else ""
-    inputs = ins + seeds + [trace]
+    if trace:  # in initial_h's place: the trace begins with the initial states (see the kernels)
+        ins[5] = trace
+    inputs = ins + seeds
     while inputs and not inputs[-1]:
         inputs.pop()
     g.b.add(
@@ -131,10 +133,9 @@ class _Unrolled:
         ins = list(node.inputs) + [""] * (N_INPUTS[op] + N_OUTPUTS[op] - len(node.inputs))
         self.x, self.w, self.r, self.b, self.lens, self.h0 = ins[:6]
         self.c0, self.p = (ins[6], ins[7]) if op == "LSTM" else ("", "")
-        self.seeds = ins[N_INPUTS[op] : N_INPUTS[op] + N_OUTPUTS[op]]  # a Grad node's trace input is not read
-        self.steps: list[list[dict]] | None = (
-            [] if traced else None
-        )  # per direction, per step: the trace's parts
+        self.seeds = ins[N_INPUTS[op] : N_INPUTS[op] + N_OUTPUTS[op]]
+        # per direction, per step: the parts of the trace (a training forward's body builds it)
+        self.steps: list[list[dict]] | None = [] if traced else None
         self.direction = self.attrs.get("direction", "forward")
         self.direction = self.direction.decode() if isinstance(self.direction, bytes) else self.direction
         self.nd = DIRECTIONS[self.direction]
@@ -149,6 +150,31 @@ class _Unrolled:
             self.attrs.get("activation_alpha"),
             self.attrs.get("activation_beta"),
         )
+        if self.h0 and len(g.shape(self.h0)) == 2:  # a training forward's trace stands in for initial_h
+            self.h0 = self._initial_from_trace(self.h0)
+
+    def _initial_from_trace(self, trace: str) -> str:
+        """initial_h (in the node's layout) as the trace's first states: each direction's h block, row 0."""
+        g = self.g
+        x = g.shape(self.x)
+        t_len, n = (x[1], x[0]) if self.layout else (x[0], x[1])
+        blocks = trace_blocks(
+            self.op, t_len, n, self.hidden, pre=needs_pre(self.acts), clip=self.clip is not None
+        )
+        at = 0
+        for name, shape in blocks:
+            if name == "h":
+                break
+            at += int(np.prod(shape))
+        h0 = g.op(
+            "Slice",
+            trace,
+            g.ints([at], hint="starts"),
+            g.ints([at + n * self.hidden], hint="ends"),
+            g.ints([1]),
+        )
+        h0 = g.reshape(h0, [self.nd, n, self.hidden])
+        return g.op("Transpose", h0, perm=[1, 0, 2]) if self.layout else h0
 
     def build(self) -> tuple[str, str, str | None]:
         """Appends the forward; returns (Y, Y_h, Y_c or None) in the node's layout."""
