@@ -1,8 +1,8 @@
 """The transformer fast paths of a training step (edgetrain.graph.fuse; switches "gelu", "layernorm", "attention",
-"gather_split"): the fused kernels against onnxruntime and float64 finite differences, their ONNX function bodies
-against the kernels in onnxruntime, the fused step against the plain one (1e-6 relative) on the benchmark's ViT and
-ConvNeXt-style net (both exporters, and the decomposed ops of opset 16) and on tiny BERT and GPT-2, training_onnx()
-in onnxruntime, and three steps against PyTorch."""
+"gather_split", "matmul2d"): the fused kernels against onnxruntime and float64 finite differences, their ONNX
+function bodies against the kernels in onnxruntime, the fused step against the plain one (1e-6 relative) on the
+benchmark's ViT and ConvNeXt-style net (both exporters, and the decomposed ops of opset 16) and on tiny BERT and
+GPT-2, training_onnx() in onnxruntime, and three steps against PyTorch."""
 
 from __future__ import annotations
 
@@ -26,12 +26,13 @@ ort = pytest.importorskip("onnxruntime")
 import exports  # noqa: E402  (needs torch, checked above)
 import transformer_models as tm  # noqa: E402
 
-SWITCHES = ("gelu", "layernorm", "attention", "gather_split")
+SWITCHES = ("gelu", "layernorm", "attention", "gather_split", "matmul2d")
 FUSED = {  # the private ops each switch puts into a step
     "gelu": {"GeluTraining", "GeluGrad"},
     "layernorm": {"LayerNormGrad"},
     "attention": {"Attention", "AttentionGrad"},
     "gather_split": set(),
+    "matmul2d": set(),
 }
 SGD = dict(lr=0.01, momentum=0.9, weight_decay=5e-4)
 
@@ -261,6 +262,15 @@ def _train(art, folder, x, y, steps: int = 2) -> tuple[list[float], dict[str, np
     return [sess.train_step(x, y) for _ in range(steps)], sess.parameters()
 
 
+def _batched_linears(art) -> int:
+    """MatMuls of a sequence of rows [..., n, k] by a matrix [k, m] in the step (matmul2d makes them 2-D)."""
+    shape = lambda v: art.graph.values[v].shape  # noqa: E731
+    return sum(
+        n.op_type == "MatMul" and len(shape(n.inputs[0])) > 2 and len(shape(n.inputs[1])) == 2
+        for n in art.graph.nodes
+    )
+
+
 def _private(art) -> set[str]:
     return {n.op_type for n in art.graph.nodes if n.domain == PRIVATE_DOMAIN}
 
@@ -281,6 +291,7 @@ def test_fused_step_equals_the_plain_step(export_dir, tmp_path, model, exporter,
     x, y = e.data()
     fast, plain = _convert(e.path, BATCH), _convert(e.path, BATCH, plain=())
     assert EXPECTED[model] <= _private(fast), _private(fast)
+    assert _batched_linears(fast) == 0 < _batched_linears(plain)
     assert not _private(plain) & set().union(*FUSED.values())
     _assert_same_training(_train(fast, tmp_path, x, y), _train(plain, tmp_path, x, y))
 
@@ -297,6 +308,7 @@ def test_each_fast_path_alone_keeps_the_step(export_dir, tmp_path, switch):
     assert not ops & FUSED[switch] and set().union(*(FUSED[s] for s in SWITCHES if s != switch)) <= ops
     gathers = sum(n.op_type == "Gather" for n in art.graph.nodes)  # 12 for q, k, v, 1 for the class token
     assert gathers == (13 if switch == "gather_split" else 1), gathers
+    assert (_batched_linears(art) > 0) == (switch == "matmul2d")
     _assert_same_training(
         _train(art, tmp_path, x, y), _train(_convert(e.path, BATCH, plain=()), tmp_path, x, y)
     )

@@ -13,6 +13,9 @@ rewrite has its switch in edgetrain.core.fastpaths, read when the model is conve
   Mul, Add) becomes one LayerNormalization first.
 - "attention": MatMul(Q, K^T) -> [Mul or Div by a constant] -> [Add mask] -> Softmax(last axis) -> MatMul(., V)
   becomes one Attention node, which keeps its probabilities for AttentionGrad.
+- "matmul2d": MatMul of an activation [..., n, k] by a matrix [k, m] (a Linear layer on a sequence) runs on the
+  activation's rows [N, k] as one matrix product between two Reshapes (views): numpy's batched matmul does one
+  small product per leading index, 1.4-3x slower than one BLAS call on all the rows.
 - "gather_split": several Gathers of one tensor at constant scalar indices along one axis (q, k, v taken from a
   fused qkv projection) become one Split and a Squeeze each: their backward is one Concat, where each Gather's
   is a scatter into zeros of the whole tensor, summed.
@@ -38,6 +41,7 @@ def fuse_for_training(b: GraphBuilder, params: Sequence[str]) -> None:
         ("layernorm", _layer_norms),
         ("gelu", _gelus),
         ("attention", _attentions),
+        ("matmul2d", _flat_matmuls),
     ):
         if fastpaths.enabled(name):
             _apply(b, rewrite(_Facts(b, params)))
@@ -363,4 +367,30 @@ def _split_gathers(f: _Facts) -> _Rewrite:
             )
             put.setdefault(id(n), []).append(squeeze)
             drop.add(id(n))
+    return drop, put
+
+
+# ----------------------------------------------------------------------------------------------- matmul2d
+def _flat_matmuls(f: _Facts) -> _Rewrite:
+    drop: set[int] = set()
+    put: dict[int, list[Node]] = {}
+    for n in f.g.nodes:
+        if n.op_type != "MatMul" or n.domain not in ("", "ai.onnx") or not (set(n.inputs) & f.active):
+            continue
+        a, w = n.inputs
+        sa, sw, y = f.shape(a), f.shape(w), n.outputs[0]
+        if len(sa) < 3 or len(sw) != 2 or f.dtype(a) != f.dtype(w) or f.dtype(a).kind != "f":
+            continue
+        rows = TensorInfo(f.g.values[a].dtype, (int(np.prod(sa[:-1])), sa[-1]))
+        a2 = f.new_value(f"{a}_rows", rows)
+        y2 = f.new_value(f"{y}_rows", TensorInfo(f.g.values[y].dtype, (rows.shape[0], sw[1])))
+        to_rows = f.b.initializer("shape", np.asarray(rows.shape, np.int64))
+        back = f.b.initializer("shape", np.asarray(f.shape(y), np.int64))
+        name = n.name or "MatMul"
+        put[id(n)] = [
+            Node("Reshape", (a, to_rows), (a2,), {}, f.b.fresh_node_name(f"{name}_rows")),
+            Node("MatMul", (a2, w), (y2,), {}, f.b.fresh_node_name(name)),
+            Node("Reshape", (y2, back), (y,), {}, f.b.fresh_node_name(f"{name}_back")),
+        ]
+        drop.add(id(n))
     return drop, put
