@@ -121,8 +121,11 @@ def conv_grad_input(
     oshape, p, s, d, ext = _conv_setup("ConvGradInput", sp, k, group, (n, c), m, dy, dilations, pads, strides)
     cg, mg, kk = c // group, m // group, math.prod(k)
     wt = w.astype(ct, copy=False).reshape(group, mg, cg * kk).transpose(0, 2, 1)
-    if kk == 1 and oshape == sp and not any(p) and fast(CONV1X1):  # pointwise: dX = W^T @ dY, no columns
+    if kk == 1 and not any(p) and fast(CONV1X1):  # pointwise: dX = W^T @ dY, no columns
         dx = _pointwise_grad_input(dy.astype(ct, copy=False), w.astype(ct, copy=False), group, wt)
+        if oshape != sp:  # strided (ResNet's downsampling shortcuts): the products land on every s-th input
+            dxs, dx = dx, np.zeros((n, c) + sp, ct)
+            dx[(slice(None),) * 2 + tuple(slice(None, None, si) for si in s)] = dxs.reshape((n, c) + oshape)
         return deliver(dx.reshape((n, c) + sp), None, dy.dtype)
     if cg == 1 and fast(
         DEPTHWISE
