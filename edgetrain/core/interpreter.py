@@ -153,14 +153,21 @@ class Interpreter:
                     fn, kwargs = fast, {}
             steps.append(Step(fn, ins, outs, kwargs, dests, free, n))
         self.steps = steps
-        self._consts = [(self.slot[k], v) for k, v in graph.initializers.items()]
-        self._in_slots = [(name, self.slot[name]) for name in graph.inputs]
-        self._out_slots = [(self.slot[name], name in (bind or {})) for name in graph.outputs]
+        self._tables(bind or {})
+        self._compiled = _compile(steps)
+        self._kept: _Program | None = None  # compiled without dropping values, for run(record=)
+
+    def _tables(self, bind: Mapping[str, np.ndarray]) -> None:
+        """What run() reads: the constants' slots, an env with them in place, the inputs' and outputs' slots."""
+        g = self.graph
+        self._consts = [(self.slot[k], v) for k, v in g.initializers.items()]
+        self._in_slots = [(name, self.slot[name]) for name in g.inputs]
+        # a bound output a node computes is always the caller's own buffer (a bound constant is not)
+        made = {o for n in g.nodes for o in n.outputs}
+        self._out_slots = [(self.slot[o], o in bind and o in made) for o in g.outputs]
         self._env: list[Any] = [None] * (self.n_slots + 1)
         for s, v in self._consts:
             self._env[s] = v
-        self._compiled = _compile(steps)
-        self._kept: _Program | None = None  # compiled without dropping values, for run(record=)
 
     def _lean(
         self, n: Node, kern: Any, dests: tuple, buffers: dict, shared: dict
