@@ -58,6 +58,7 @@ class Block:
     not_run: str | None  # the reason given, for a block the tests do not run
     output: str | None  # the output the README shows for it
     section: str = ""  # the heading it comes under ("" above the first)
+    section_line: int = 0  # that heading's line
 
 
 def command_blocks(text: str) -> list[Block]:
@@ -73,7 +74,7 @@ def command_blocks(text: str) -> list[Block]:
         mark = NOT_RUN.fullmatch(above)
         nxt = fences[i + 1] if i + 1 < len(fences) else None
         output = nxt.group(2) if nxt is not None and nxt.group(1) == "" else None
-        section = next((h.group(1) for h in reversed(headings) if h.start() < m.start()), "")
+        heading = next((h for h in reversed(headings) if h.start() < m.start()), None)
         blocks.append(
             Block(
                 line=text.count("\n", 0, m.start()) + 1,
@@ -81,7 +82,8 @@ def command_blocks(text: str) -> list[Block]:
                 code=m.group(2),
                 not_run=mark.group(1) if mark else None,
                 output=output,
-                section=section,
+                section=heading.group(1) if heading else "",
+                section_line=text.count("\n", 0, heading.start()) + 1 if heading else 0,
             )
         )
     return blocks
@@ -201,25 +203,24 @@ def run_sections(
     """Runs each section's blocks (those not marked) with run_blocks in a scratch folder of its own under
     `folder`, `workers` sections at a time (None: all at once); (the faults in the README's order, then the names
     two sections both made; the sections' folders)."""
-    sections: dict[str, list[Block]] = {}
+    sections: dict[int, list[Block]] = {}
     for b in blocks:
         if b.not_run is None:
-            sections.setdefault(b.section, []).append(b)
+            sections.setdefault(b.section_line, []).append(b)
     folders = [scratch(folder / f"section-{i}", venv) for i in range(len(sections))]
-    with ThreadPoolExecutor(
-        max_workers=workers or len(sections)
-    ) as pool:  # each block is a process: threads only wait
+    # each block is a process of its own: the threads only wait for them
+    with ThreadPoolExecutor(max_workers=workers or len(sections)) as pool:
         runs = [pool.submit(run_blocks, bs, f, venv, outputs) for bs, f in zip(sections.values(), folders)]
         faults = [fault for run in runs for fault in run.result()]
     made: dict[str, str] = {}
-    for (title, bs), f in zip(sections.items(), folders):
+    for bs, f in zip(sections.values(), folders):
         for name in sorted(p.name for p in f.iterdir() if p.name not in (*LINKED, ".venv")):
             if name in made:
                 faults.append(
-                    f"README.md line {bs[0].line}: the sections {made[name]!r} and {title!r} both make {name!r}: "
-                    "run one after the other in one folder, the second finds the first's in its way"
+                    f"README.md line {bs[0].line}: the sections {made[name]!r} and {bs[0].section!r} both make "
+                    f"{name!r}: run one after the other in one folder, the second finds the first's in its way"
                 )
-            made.setdefault(name, title)
+            made.setdefault(name, bs[0].section)
     return faults, folders
 
 
