@@ -409,3 +409,48 @@ def test_export_and_run_keep_the_models_own_ops(export_dir, tmp_path):
     np.testing.assert_allclose(sess.run(x), ref[0], rtol=1e-5, atol=1e-5)
     head = _convert(e.path, BATCH, trainable=["head.weight", "head.bias"])
     assert not _private(head) & set().union(*FUSED.values())
+
+
+# ---- what the pass leaves alone ------------------------------------------------------------------------------------
+def _fused_ops(nodes, values, params, initializers=None) -> list[str]:
+    """The op types of a hand-built graph after fuse_for_training, differentiating with respect to params."""
+    from edgetrain.core.ir import GraphBuilder
+    from edgetrain.graph.fuse import fuse_for_training
+
+    infos = {k: TensorInfo(np.dtype(np.float32), s) for k, s in values.items()}
+    inits = initializers or {}
+    infos.update({k: TensorInfo(v.dtype, v.shape) for k, v in inits.items()})
+    g = Graph(
+        list(nodes), [k for k in values if k not in inits], [nodes[-1].outputs[0]], inits, infos, opset=20
+    )
+    b = GraphBuilder(g)
+    fuse_for_training(b, params)
+    return [n.op_type for n in b.graph.nodes]
+
+
+def test_the_pass_rewrites_only_what_a_gradient_crosses_and_what_it_can():
+    i0, i1 = np.asarray(0, np.int64), np.asarray(1, np.int64)
+    # two rows of an embedding table: a Split would make one output per row of it
+    table = [
+        Node("Gather", ("t", "i0"), ("a",)),
+        Node("Gather", ("t", "i1"), ("b",)),
+        Node("Add", ("a", "b"), ("y",)),
+    ]
+    values = {"t": (50, 4), "a": (4,), "b": (4,), "y": (4,)}
+    assert _fused_ops(table, values, ["t"], {"i0": i0, "i1": i1}) == ["Gather", "Gather", "Add"]
+    # a GELU no gradient crosses (its input depends on no parameter) stays a Gelu
+    gelu = [Node("Gelu", ("x",), ("h",)), Node("Mul", ("h", "w"), ("y",))]
+    values = {"x": (2, 3), "h": (2, 3), "w": (3,), "y": (2, 3)}
+    assert _fused_ops(gelu, values, ["w"]) == ["Gelu", "Mul"]
+    assert _fused_ops(gelu, values, ["x"]) == ["GeluTraining", "Mul"]
+    # a LayerNorm whose statistics the model reads itself, and a Softmax that no MatMul reads
+    ln = [Node("LayerNormalization", ("x", "s"), ("h", "m", "r")), Node("Add", ("h", "m"), ("y",))]
+    values = {"x": (2, 3), "s": (3,), "h": (2, 3), "m": (2, 1), "r": (2, 1), "y": (2, 3)}
+    assert _fused_ops(ln, values, ["s"]) == ["LayerNormalization", "Add"]
+    sm = [
+        Node("MatMul", ("q", "k"), ("z",)),
+        Node("Softmax", ("z",), ("p",)),
+        Node("Add", ("p", "q2"), ("y",)),
+    ]
+    values = {"q": (2, 4, 3), "k": (2, 3, 4), "z": (2, 4, 4), "p": (2, 4, 4), "q2": (2, 4, 4), "y": (2, 4, 4)}
+    assert _fused_ops(sm, values, ["q"]) == ["MatMul", "Softmax", "Add"]

@@ -346,7 +346,9 @@ def _split_gathers(f: _Facts) -> _Rewrite:
     for (data, axis), nodes in groups.items():
         dim = f.shape(data)[axis]
         at = [int(f.g.initializers[n.inputs[1]]) % dim for n in nodes]
-        if len(nodes) < 2 or len(set(at)) != len(at):
+        # a Split makes one output per index: only where most of them are read (q, k, v of a [3, ...] tensor), never
+        # for a few rows of an embedding table
+        if len(nodes) < 2 or len(set(at)) != len(at) or dim > 2 * len(nodes):
             continue
         part = f.shape(data)[:axis] + (1,) + f.shape(data)[axis + 1 :]
         info = TensorInfo(f.g.values[data].dtype, part)
