@@ -18,11 +18,11 @@ import numpy as np
 
 from edgetrain.core.errors import EdgeTrainError
 from edgetrain.core.ir import Graph, GraphBuilder, Node
-from edgetrain.core.ops import PRIVATE_DOMAIN
 
 from .passes import infer_shapes
 from .prefix import split_step
 from .rebatch import apply_batch_plan, find_batch_plan
+from .recompute import after
 
 
 def chunk_prefix(graph: Graph, data_inputs: Sequence[str], chunks: int, *, rule=None) -> tuple[Graph, str]:
@@ -54,12 +54,8 @@ def chunk_prefix(graph: Graph, data_inputs: Sequence[str], chunks: int, *, rule=
         names = {x: slices[x][c] for x in slices}
         if token is not None:  # this chunk starts once the one before has finished
             for x in slices:
-                gated = b.fresh(f"{names[x]}/after")
-                g.values[gated] = g.values[names[x]]
-                nodes.append(
-                    Node("After", (names[x], token), (gated,), {}, b.fresh_node_name("After"), PRIVATE_DOMAIN)
-                )
-                names[x] = gated
+                node, names[x] = after(b, names[x], token)
+                nodes.append(node)
         for k, init in prefix.initializers.items():
             if k not in g.initializers:  # a rewritten batch constant
                 g.initializers[k] = init

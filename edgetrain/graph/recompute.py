@@ -108,27 +108,20 @@ class _Facts:
     def choose_kept(self, level: str) -> set[str]:
         """The saved values that stay (the rest are recomputed from them, constants and inputs)."""
         order = sorted(self.saved, key=lambda v: self.position[self.producer[v].name])
-        if level == "cheap":
-            kept = {v for v in order if not self.clonable(self.producer[v], heavy_too=False)}
-            kept |= self.pinned & set(order)
-            changed = True
-            while changed:  # a value whose recomputation would need a value nobody keeps stays
-                changed = False
-                for v in order:
-                    if v not in kept and self._chain(v, kept, heavy_too=False) is None:
-                        kept.add(v)
-                        changed = True
-            return kept
+        heavy_too = level == "segments"
         heavy = [v for v in order if not self.clonable(self.producer[v], heavy_too=False)]
-        k = max(1, math.isqrt(len(heavy)))
-        kept = {v for j, v in enumerate(heavy) if j % k == k - 1}
+        if heavy_too:  # every k-th heavy output is a checkpoint, with what cannot run twice at all
+            k = max(1, math.isqrt(len(heavy)))
+            kept = {v for j, v in enumerate(heavy) if j % k == k - 1}
+            kept |= {v for v in order if not self.clonable(self.producer[v], heavy_too=True)}
+        else:
+            kept = set(heavy)
         kept |= self.pinned & set(order)
-        kept |= {v for v in order if not self.clonable(self.producer[v], heavy_too=True)}
         changed = True
-        while changed:
+        while changed:  # a value whose recomputation would need a value nobody keeps stays
             changed = False
             for v in order:
-                if v not in kept and self._chain(v, kept, heavy_too=True) is None:
+                if v not in kept and self._chain(v, kept, heavy_too=heavy_too) is None:
                     kept.add(v)
                     changed = True
         return kept
@@ -189,7 +182,7 @@ class _Rewrite:
                 m = redirect[nd.name]
                 nd = nd.replace(inputs=tuple(m.get(i, i) for i in nd.inputs))
             nodes.append(nd)
-        report.nodes_added = len(nodes) - len(g.nodes)
+        report.nodes_added = len(self.clone_of)
         g.nodes = nodes
         report.recomputed = recomputed
         report.kept = [v for v in f.saved if v in self.kept]
@@ -209,33 +202,29 @@ class _Rewrite:
     def _clone(self, nd: Node, token: str | None) -> list[Node]:
         """nd again, reading the copies of its recomputed inputs; an input that is not recomputed is read through
         After(input, token), so that nothing of the copy can run before the backward reaches it."""
-        g, out = self.b.graph, []
-        inputs = []
-        for i in nd.inputs:
-            if i in self.clone_of:
-                inputs.append(self.clone_of[i])
-            elif i and token is not None and i in self.facts.producer:
-                gated = self.b.fresh(f"{i}/after")
-                g.values[gated] = g.values[i]
-                out.append(
-                    Node("After", (i, token), (gated,), {}, self.b.fresh_node_name("After"), PRIVATE_DOMAIN)
-                )
-                inputs.append(gated)
-            else:
-                inputs.append(i)
-        if token is not None and not any(n.op_type == "After" for n in out) and nd.inputs:
-            # only constants and graph inputs: gate the first of them all the same
-            k = next(j for j, i in enumerate(inputs) if i)
-            gated = self.b.fresh(f"{inputs[k]}/after")
-            g.values[gated] = g.values[inputs[k]]
-            out.append(
-                Node(
-                    "After", (inputs[k], token), (gated,), {}, self.b.fresh_node_name("After"), PRIVATE_DOMAIN
-                )
-            )
-            inputs[k] = gated
+        out: list[Node] = []
+        inputs = [self.clone_of.get(i, i) for i in nd.inputs]
+        if token is not None:
+            gate = [
+                k
+                for k, i in enumerate(nd.inputs)
+                if i and i not in self.clone_of and i in self.facts.producer
+            ]
+            if not gate and not any(i in self.clone_of for i in nd.inputs):
+                # only constants and graph inputs: gate the first of them all the same
+                gate = [next(k for k, i in enumerate(inputs) if i)] if any(inputs) else []
+            for k in gate:
+                node, inputs[k] = after(self.b, inputs[k], token)
+                out.append(node)
         copy = self.b.fresh(f"{nd.outputs[0]}/recomputed")
-        g.values[copy] = g.values[nd.outputs[0]]
+        self.b.graph.values[copy] = self.b.graph.values[nd.outputs[0]]
         self.clone_of[nd.outputs[0]] = copy
         out.append(nd.replace(inputs=tuple(inputs), outputs=(copy,), name=self.b.fresh_node_name(nd.name)))
         return out
+
+
+def after(b: GraphBuilder, x: str, token: str) -> tuple[Node, str]:
+    """(the node After(x, token), its output): x, for nodes that must not run before token exists."""
+    gated = b.fresh(f"{x}/after")
+    b.graph.values[gated] = b.graph.values[x]
+    return Node("After", (x, token), (gated,), {}, b.fresh_node_name("After"), PRIVATE_DOMAIN), gated
