@@ -73,7 +73,8 @@ def gelu_training(x: np.ndarray, *, out: np.ndarray | None = None) -> tuple[np.n
     w = _float_work("GeluTraining", x)
     xf = _flat(w)
     cdf = np.empty_like(xf)
-    y = np.empty_like(xf) if out is None or out.dtype != w.dtype else out.reshape(-1)
+    into_out = out is not None and out.dtype == w.dtype and out.flags.c_contiguous
+    y = out.reshape(-1) if into_out else np.empty_like(xf)
     half, c = w.dtype.type(0.5), w.dtype.type(_SQRT1_2)
     with np.errstate(invalid="ignore"):  # -inf * 0 = nan, as the spec's formula says
         for i in range(0, xf.size, _CHUNK):  # chunks stay in cache through the ~30 passes of erf
@@ -82,46 +83,52 @@ def gelu_training(x: np.ndarray, *, out: np.ndarray | None = None) -> tuple[np.n
             cc += 1
             cc *= half
             np.multiply(cc, xc, out=y[i : i + _CHUNK])
-    y, cdf = y.reshape(x.shape), cdf.reshape(x.shape)
-    if y.dtype != x.dtype:
-        y, cdf = y.astype(x.dtype), cdf.astype(x.dtype)
-    if out is not None and y.base is not out and y is not out:
+    cdf = cdf.reshape(x.shape).astype(x.dtype, copy=False)
+    if into_out:
+        return out, cdf
+    y = y.reshape(x.shape).astype(x.dtype, copy=False)
+    if out is not None:
         np.copyto(out, y)
         y = out
     return y, cdf
 
 
 def _gelu_grad_shape(node: Node, infos: list[TensorInfo | None]) -> list[TensorInfo | None]:
-    dy, x = infos[0], infos[1]
-    return [TensorInfo(dy.dtype, tuple(np.broadcast_shapes(dy.shape, x.shape)))]
+    dy, y = infos[0], infos[1]
+    return [TensorInfo(dy.dtype, tuple(np.broadcast_shapes(dy.shape, y.shape)))]
 
 
 @kernel("GeluGrad", domain=PRIVATE_DOMAIN, inplace=(0,), shape=_gelu_grad_shape)
-def gelu_grad(dy: np.ndarray, x: np.ndarray, cdf: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
-    """dX = dY * (CDF + x * exp(-x^2 / 2) / sqrt(2 pi)): Gelu's slope Phi(x) + x phi(x), with Phi from the forward."""
-    if not dy.shape == x.shape == cdf.shape:
-        raise ShapeError(f"GeluGrad: dY {dy.shape}, X {x.shape} and CDF {cdf.shape} must have one shape")
-    w = _float_work("GeluGrad", x)
-    xf, cf, df = _flat(w), _flat(cdf.astype(w.dtype, copy=False)), _flat(dy.astype(w.dtype, copy=False))
-    dx = np.empty_like(xf) if out is None or out.dtype != w.dtype else out.reshape(-1)
-    t = np.empty(min(_CHUNK, xf.size), w.dtype)
+def gelu_grad(dy: np.ndarray, y: np.ndarray, cdf: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
+    """dX = dY * (CDF + x * exp(-x^2 / 2) / sqrt(2 pi)), Gelu's slope Phi(x) + x phi(x), from the forward's Y and
+    CDF: x = Y / CDF (within 2 float32 ulps; 0 where CDF is 0, below x = -13, where the slope is 0 to float32), so
+    the step keeps Y (which the next layer's weight gradient keeps anyway) and CDF instead of X and Y: no more
+    memory than the plain path's."""
+    if not dy.shape == y.shape == cdf.shape:
+        raise ShapeError(f"GeluGrad: dY {dy.shape}, Y {y.shape} and CDF {cdf.shape} must have one shape")
+    w = _float_work("GeluGrad", y)
+    yf, cf, df = _flat(w), _flat(cdf.astype(w.dtype, copy=False)), _flat(dy.astype(w.dtype, copy=False))
+    into_out = out is not None and out.dtype == w.dtype and out.flags.c_contiguous
+    dx = out.reshape(-1) if into_out else np.empty_like(yf)
+    x, t = (np.empty(min(_CHUNK, yf.size), w.dtype) for _ in range(2))
     mh, k = w.dtype.type(-0.5), w.dtype.type(_INV_SQRT_2PI)
-    with np.errstate(invalid="ignore", over="ignore"):
-        for i in range(0, xf.size, _CHUNK):
-            xc = xf[i : i + _CHUNK]
-            tc = t[: xc.size]
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        for i in range(0, yf.size, _CHUNK):
+            cc = cf[i : i + _CHUNK]
+            xc, tc = x[: cc.size], t[: cc.size]
+            np.equal(cc, 0, out=tc, casting="unsafe")  # 1 where CDF is 0: Y is 0 there, so x = 0 / 1
+            tc += cc
+            np.divide(yf[i : i + _CHUNK], tc, out=xc)
             np.multiply(xc, xc, out=tc)
             tc *= mh
             np.exp(tc, out=tc)
             tc *= xc
             tc *= k
-            tc += cf[i : i + _CHUNK]
+            tc += cc
             np.multiply(tc, df[i : i + _CHUNK], out=dx[i : i + _CHUNK])
-    dx = dx.reshape(x.shape)
-    if out is not None and dx.base is not out:
-        np.copyto(out, dx, casting="unsafe")
+    if into_out:
         return out
-    return dx.astype(dy.dtype, copy=False)
+    return dx.reshape(y.shape).astype(dy.dtype, copy=False)
 
 
 # ----------------------------------------------------------------------------------------------- LayerNorm
@@ -169,12 +176,16 @@ def layer_norm_grad(
     a *= inv_n
     b = np.einsum("ij,ij->i", g, xhat)[:, None]  # row sums of g * xhat without the product's temporary
     b *= inv_n
-    dx = out.reshape(rows, n) if out is not None else np.empty((rows, n), x.dtype)
+    into_out = out is not None and out.dtype == x.dtype and out.flags.c_contiguous
+    dx = out.reshape(rows, n) if into_out else np.empty((rows, n), x.dtype)
     np.multiply(xhat, b, out=dx)
     np.subtract(g, dx, out=dx)
     dx -= a
     dx *= s
-    results = [dx.reshape(x.shape)]
+    results = [out if into_out else dx.reshape(x.shape)]
+    if out is not None and not into_out:
+        np.copyto(out, results[0], casting="unsafe")
+        results[0] = out
     if noutputs > 1:
         np.multiply(dy2, xhat, out=g)  # g is dead: the products for dScale go there
         results.append(np.add.reduce(g, axis=0).reshape(inner))

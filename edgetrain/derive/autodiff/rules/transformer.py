@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 from edgetrain.core.ir import Node
+from edgetrain.core.kernels.cast import NUMPY_TO_ONNX
 from edgetrain.derive.autodiff.context import GradContext
 from edgetrain.derive.autodiff.registry import body, grad
 
@@ -24,12 +25,13 @@ def _swap_last(g: GradContext, x: str) -> str:
 
 # ---------------------------------------------------------------------------------------------------- GELU
 # (y, cdf) = (x * Phi(x), Phi(x)), Phi(x) = (1 + erf(x / sqrt 2)) / 2: dx = dy * (Phi(x) + x * phi(x)),
-# phi(x) = exp(-x^2 / 2) / sqrt(2 pi): the fused GeluGrad reads Phi from the forward instead of computing erf again.
+# phi(x) = exp(-x^2 / 2) / sqrt(2 pi): the fused GeluGrad reads Phi from the forward instead of computing erf again,
+# and x = y / Phi(x) (0 where Phi underflows to 0): x need not be kept for the backward.
 # CDF exists for the backward alone (edgetrain.graph.fuse): nothing else reads it, so it has no gradient of its own.
 @grad("GeluTraining")
 def gelu_training_grad(g: GradContext, node: Node, dys: Grads, needs: list[bool]) -> Grads:
     assert dys[1] is None, f"{node.label}: its CDF output is read by the backward alone"
-    return [g.private("GeluGrad", dys[0], node.inputs[0], node.outputs[1])]
+    return [g.private("GeluGrad", dys[0], node.outputs[0], node.outputs[1])]
 
 
 @body("GeluTraining")
@@ -42,7 +44,9 @@ def _gelu_training_body(g: GradContext, node: Node) -> list[str]:
 
 @body("GeluGrad")
 def _gelu_grad_body(g: GradContext, node: Node) -> list[str]:
-    dy, x, cdf = node.inputs
+    dy, y, cdf = node.inputs
+    zero = g.op("Cast", g.op("Equal", cdf, _c(g, 0.0, cdf)), to=NUMPY_TO_ONNX[g.dtype(cdf)])
+    x = g.op("Div", y, g.op("Add", cdf, zero))
     pdf = g.op("Exp", g.op("Mul", g.op("Mul", x, x), _c(g, -0.5, x)))
     slope = g.op("Add", cdf, g.op("Mul", g.op("Mul", x, pdf), _c(g, 1 / math.sqrt(2 * math.pi), x)))
     return [g.op("Mul", dy, slope)]
