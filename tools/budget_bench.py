@@ -602,7 +602,7 @@ def _notes(m: dict) -> list[str]:
     refused = [r for r in m["rows"] if "refused" in r]
     for r in refused:
         out.append(f"{r['variant']} ({_size(r['budget_bytes'])}): convert refuses it: {r['refused']}")
-    return [*out, ""] if out else []
+    return [line for note in out for line in (note, "")]  # a paragraph each
 
 
 def plot(path: Path, doc: dict) -> None:
