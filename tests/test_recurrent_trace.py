@@ -20,6 +20,7 @@ from edgetrain.core import fastpaths
 from edgetrain.core.interpreter import Interpreter
 from edgetrain.core.kernels import recurrent as kr
 from edgetrain.derive.autodiff import inline_private
+from edgetrain.runtime.feature_cache import FeatureCache
 
 TRACE = "recurrent-trace"
 N_OUT = {"LSTM": 3, "GRU": 2, "RNN": 2}
@@ -269,6 +270,9 @@ def test_head_only_caches_the_frozen_recurrence_bit_for_bit(tmp_path, op, layout
     assert split is not None, why
     assert op in {n.op_type for n in split.prefix.nodes}
     batches = _batches(model)
+    # the first batch's check flips each value along its own batch axis (axis 1 or 2 before the cut in layout 0)
+    assert bool(split.batch_axes) == (layout == 0), split.batch_axes
+    assert FeatureCache(split, tag="t").position_dependent({"x": batches[0][0]}) == []
     batches = batches + [(x[::-1].copy(), y[::-1].copy()) for x, y in batches]  # samples meet new neighbours
     la, pa, info = _train(path, batches, cache=True)
     lb, pb, _ = _train(path, batches, cache=False)

@@ -13,7 +13,7 @@ batch reversed must give the same rows, bit for bit) guards the rest.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from edgetrain.core.ir import Graph, Node
 from edgetrain.core.ops import record
@@ -29,6 +29,8 @@ class Split:
     boundary: list[str]
     prefix_nodes: int  # data-dependent nodes moved into the prefix
     total_nodes: int
+    # the axis each value computed from the data holds its samples along, where it is not 0 (a recurrence's Y)
+    batch_axes: dict[str, int] = field(default_factory=dict)
 
 
 def split_step(
@@ -151,4 +153,6 @@ def _cut(
     )
     suffix_inputs = [i for i in graph.inputs if i in read_later or i not in data_inputs]
     suffix = prune(graph.copy(nodes=rest, inputs=suffix_inputs + boundary))
-    return Split(prefix, suffix, boundary, len(in_prefix), len(graph.nodes))
+    axes = {o: f.batch_axis(o) for n in in_prefix for o in n.outputs if o}
+    axes = {v: a for v, a in axes.items() if a}
+    return Split(prefix, suffix, boundary, len(in_prefix), len(graph.nodes), axes)

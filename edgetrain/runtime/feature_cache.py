@@ -100,10 +100,13 @@ class FeatureCache:
         rows: FeatureRows | None = None,
     ):
         self.split = split
-        self.prefix = Interpreter(split.prefix)
-        self.suffix = Interpreter(
+        # each half under a memory plan of its own: without one, every activation would hold a buffer of its own
+        from edgetrain.graph.memory import planned_interpreter  # start-up: the planner loads on first use
+
+        self.prefix = planned_interpreter(split.prefix, lean=False)
+        self.suffix = planned_interpreter(
             split.suffix, bind=bind
-        )  # bind: the step's outputs written into the caller's
+        )  # bind: the step's outputs, into the caller's
         g = split.prefix
         shapes = [tuple(g.values[v].shape[1:]) for v in split.boundary]
         dtypes = [np.dtype(g.values[v].dtype) for v in split.boundary]
@@ -150,8 +153,11 @@ class FeatureCache:
         run = Interpreter(every, preallocate=False)
         flipped = {k: np.ascontiguousarray(v[::-1]) for k, v in feeds.items()}
         a, b = run.run(feeds), run.run(flipped)
+        axes = self.split.batch_axes  # a value may hold its samples along another axis (a recurrence's Y)
         return [
-            name for name, x, y in zip(every.outputs, a, b) if not np.array_equal(x[::-1], y, equal_nan=True)
+            name
+            for name, x, y in zip(every.outputs, a, b)
+            if not np.array_equal(np.flip(x, axis=axes.get(name, 0)), y, equal_nan=True)
         ]
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
