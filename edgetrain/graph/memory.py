@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgetrain.core.errors import ModelError
+from edgetrain.core.interpreter import Interpreter
 from edgetrain.core.ir import Graph, Node, toposort
 from edgetrain.core.kernels import KERNELS
 from edgetrain.core.plan import MemoryPlan, PlanFacts, schedule_digest
@@ -329,3 +330,12 @@ def plan_memory(graph: Graph, *, alignment: int = 64, reorder: bool = True) -> t
         copies=[v for v in f.planned if v not in no_copy],
     )
     return program, plan
+
+
+def planned_interpreter(graph: Graph, **kwargs) -> Interpreter:
+    """An interpreter for a static graph whose values share one arena by their lifetimes (the graph's own order,
+    planned; cheap enough to do on the device), instead of one buffer per value: what an evaluation, an inference
+    or the feature cache's two halves hold is then what their plan says, not every activation of the graph at
+    once. kwargs go to Interpreter (bind=, lean=)."""
+    program, plan = plan_memory(graph, reorder=False)
+    return Interpreter(program, plan=plan, **kwargs)

@@ -196,7 +196,9 @@ class InferenceSession:
         static = all(self._base.values[n].is_static for n in self._base.inputs)
         if not self._shape_inputs and (batch_size is not None or shapes or static):
             g = make_static(self._base, batch_size=batch_size, shapes=shapes, bound=self._bound)
-            self._fixed: Interpreter | None = Interpreter(g)
+            from edgetrain.graph.memory import planned_interpreter  # start-up: the planner loads on first use
+
+            self._fixed: Interpreter | None = planned_interpreter(g, lean=False)
         else:
             self._fixed = None
 
@@ -236,7 +238,9 @@ class InferenceSession:
             g = make_static(
                 self._base, batch_size=self._batch_size, shapes=shapes, constants=bound, bound=self._bound
             )
-            prog = self._programs[key] = Interpreter(g)
+            from edgetrain.graph.memory import planned_interpreter  # start-up: the planner loads on first use
+
+            prog = self._programs[key] = planned_interpreter(g, lean=False)
         return prog
 
     def _cast_feeds(self, input_feed: Mapping[str, Any]) -> Mapping[str, Any]:

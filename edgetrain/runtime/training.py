@@ -437,7 +437,9 @@ class TrainingSession:
         if self._eval_program is None:
             g = self.artifact.program
             keep = [self._io["loss"]] + list(self._io["outputs"])
-            self._eval_program = Interpreter(prune(g.copy(outputs=keep)))
+            from edgetrain.graph.memory import planned_interpreter  # start-up: the planner loads on first use
+
+            self._eval_program = planned_interpreter(prune(g.copy(outputs=keep)), lean=False)
         feeds = self._feeds(x, y)
         prog = self._eval_program
         feeds = {k: v for k, v in feeds.items() if k in prog.graph.inputs}
@@ -465,7 +467,9 @@ class TrainingSession:
                     **{p: v.shape for p, v in values.items()},
                 },
             )
-            prog = self._run_programs[key] = Interpreter(g)
+            from edgetrain.graph.memory import planned_interpreter  # start-up: the planner loads on first use
+
+            prog = self._run_programs[key] = planned_interpreter(g, lean=False)
         feeds = {**data, **{p: values[p] for p in prog.graph.inputs if p in values}}
         return prog.run(feeds)[0]
 
