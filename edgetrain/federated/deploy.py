@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -27,10 +28,21 @@ class FederationError(ExecutionError):
     """A Flower process that would not start, a run that failed or timed out; says which and where its log is."""
 
 
+_GIVEN: set[int] = set()  # ports this process handed out: deployments side by side never get the same one
+_GIVEN_LOCK = threading.Lock()
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port free on 127.0.0.1 now, and not handed out before by this process (a port is bound only later, by
+    the Flower process that gets it: two deployments started together must not be given the same)."""
+    with _GIVEN_LOCK:
+        while True:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind(("127.0.0.1", 0))
+                port = int(s.getsockname()[1])
+            if port not in _GIVEN:
+                _GIVEN.add(port)
+                return port
 
 
 def _toml(values: Mapping[str, Any]) -> str:
