@@ -334,7 +334,9 @@ _TABLE: list[OpRecord] = [
         domain=PRIVATE_DOMAIN,
         heavy=True,
         sequential=True,
-        no_rule="a training-mode forward the autodiff writes, read by its fused backward: edgetrain differentiates once",
+        no_rule=(
+            "a training-mode forward the autodiff writes, read by its fused backward: edgetrain differentiates once"
+        ),
     ),
     # activation recomputation (edgetrain.graph.recompute): x passed on once token exists, so that a forward value
     # recomputed for the backward is computed when the backward reaches it, not as soon as its inputs are ready
