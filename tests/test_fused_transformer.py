@@ -30,7 +30,7 @@ SWITCHES = ("gelu", "layernorm", "attention", "gather_split", "matmul2d")
 FUSED = {  # the private ops each switch puts into a step
     "gelu": {"GeluTraining", "GeluGrad"},
     "layernorm": {"LayerNormGrad"},
-    "attention": {"Attention", "AttentionGrad"},
+    "attention": {"SoftmaxAttention", "SoftmaxAttentionGrad"},
     "gather_split": set(),
     "matmul2d": set(),
 }
@@ -159,7 +159,7 @@ def test_attention_against_onnxruntime():
 
     q, kt, v, m = _attention_inputs(np.float32)
     scale = np.array(0.5, np.float32)
-    y, p = _kernel("Attention")(q, kt, v, m, scale=0.5, noutputs=2)
+    y, p = _kernel("SoftmaxAttention")(q, kt, v, m, scale=0.5, noutputs=2)
     nodes = [
         helper.make_node("MatMul", ["q", "kt"], ["s"]),
         helper.make_node("Mul", ["s", "c"], ["z0"]),
@@ -175,15 +175,15 @@ def test_attention_against_onnxruntime():
 def test_attention_grad_against_finite_differences():
     q, kt, v, m = _attention_inputs(np.float64)
     r = np.random.default_rng(4).standard_normal((2, 3, 5, 7))
-    y, p = _kernel("Attention")(q, kt, v, m, scale=0.7, noutputs=2)
-    grads = _kernel("AttentionGrad")(r, q, kt, v, p, scale=0.7, noutputs=4)
+    y, p = _kernel("SoftmaxAttention")(q, kt, v, m, scale=0.7, noutputs=2)
+    grads = _kernel("SoftmaxAttentionGrad")(r, q, kt, v, p, scale=0.7, noutputs=4)
     inputs = {"q": q, "kt": kt, "v": v, "m": m}
     for (name, value), grad in zip(inputs.items(), grads):
         grad = grad.sum(axis=1, keepdims=True) if name == "m" else grad  # the mask broadcasts over the heads
 
         def loss(t, name=name):
             args = {**inputs, name: t}
-            return float(np.sum(_kernel("Attention")(*args.values(), scale=0.7, noutputs=1) * r))
+            return float(np.sum(_kernel("SoftmaxAttention")(*args.values(), scale=0.7, noutputs=1) * r))
 
         for seed in range(3):
             d = np.random.default_rng(seed).standard_normal(value.shape)
@@ -197,14 +197,14 @@ def _body_cases():
     s, b = rng.standard_normal(8).astype(np.float32), rng.standard_normal(8).astype(np.float32)
     mean, istd = (a.astype(np.float32) for a in _layer_norm64(x.astype(np.float64), s, b, -1)[1:])
     q, kt, v, m = _attention_inputs(np.float32)
-    _, p = _kernel("Attention")(q, kt, v, m, scale=0.5, noutputs=2)
+    _, p = _kernel("SoftmaxAttention")(q, kt, v, m, scale=0.5, noutputs=2)
     dy = rng.standard_normal((2, 3, 5, 7)).astype(np.float32)
     return [
         ("GeluTraining", [x * 3], {}, 2),
         ("GeluGrad", [x, *_kernel("GeluTraining")(x * 2)], {}, 1),
         ("LayerNormGrad", [x, x * 2 + 1, s, mean, istd], {"axis": 2}, 3),
-        ("Attention", [q, kt, v, m], {"scale": 0.5}, 2),
-        ("AttentionGrad", [dy, q, kt, v, p], {"scale": 0.5}, 4),
+        ("SoftmaxAttention", [q, kt, v, m], {"scale": 0.5}, 2),
+        ("SoftmaxAttentionGrad", [dy, q, kt, v, p], {"scale": 0.5}, 4),
     ]
 
 

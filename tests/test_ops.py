@@ -45,6 +45,14 @@ def test_edgetrains_own_ops_carry_their_shape_function_and_body():
     assert all(rec.shape is None for rec in OPS.values() if rec.domain != PRIVATE_DOMAIN)  # onnx knows those
 
 
+def test_edgetrains_own_ops_take_no_name_onnx_uses():
+    # the records are keyed by op type alone: an own op named as an ONNX op (Attention, since opset 23) would
+    # capture that op's nodes
+    onnx = pytest.importorskip("onnx")
+    own = [op for op, rec in OPS.items() if rec.domain == PRIVATE_DOMAIN]
+    assert not [op for op in own if onnx.defs.has(op)]
+
+
 def test_a_kernel_or_rule_without_a_record_is_refused():
     with pytest.raises(AssertionError, match="'NoSuchOp' has no record in edgetrain.core.ops"):
         kernel("NoSuchOp")(lambda x: x)

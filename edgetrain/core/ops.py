@@ -355,8 +355,8 @@ _TABLE: list[OpRecord] = [
     # softmax attention keeping its probabilities (only where a gradient flows: never in a frozen prefix), and
     # the fused backward ops
     OpRecord("GeluTraining", domain=PRIVATE_DOMAIN, rows=rows.elementwise),
-    OpRecord("Attention", domain=PRIVATE_DOMAIN),
-    *_all("GeluGrad LayerNormGrad AttentionGrad", domain=PRIVATE_DOMAIN, no_rule=_BACKWARD),
+    OpRecord("SoftmaxAttention", domain=PRIVATE_DOMAIN),
+    *_all("GeluGrad LayerNormGrad SoftmaxAttentionGrad", domain=PRIVATE_DOMAIN, no_rule=_BACKWARD),
     *_QUANTIZED_OPS,
 ]
 OPS: dict[str, OpRecord] = {r.op_type: r for r in _TABLE}

@@ -12,7 +12,7 @@ rewrite has its switch in edgetrain.core.fastpaths, read when the model is conve
   the LayerNorm the TorchScript exporter writes below opset 17 (ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div,
   Mul, Add) becomes one LayerNormalization first.
 - "attention": MatMul(Q, K^T) -> [Mul or Div by a constant] -> [Add mask] -> Softmax(last axis) -> MatMul(., V)
-  becomes one Attention node, which keeps its probabilities for AttentionGrad.
+  becomes one SoftmaxAttention node, which keeps its probabilities for SoftmaxAttentionGrad.
 - "matmul2d": MatMul of an activation [..., n, k] by a matrix [k, m] (a Linear layer on a sequence) runs on the
   activation's rows [N, k] as one matrix product between two Reshapes (views): numpy's batched matmul does one
   small product per leading index, 1.4-3x slower than one BLAS call on all the rows.
@@ -275,7 +275,9 @@ def _attentions(f: _Facts) -> _Rewrite:
         if not ({q, kt, v, mask} & f.active) or any(f.dtype(t) != np.float32 for t in (q, kt, v)):
             continue
         y, p = chain[-1].outputs[0], n.outputs[0]
-        node = _node(f, "Attention", [q, kt, v] + ([mask] if mask else []), [y, p], chain[-1], scale=scale)
+        node = _node(
+            f, "SoftmaxAttention", [q, kt, v] + ([mask] if mask else []), [y, p], chain[-1], scale=scale
+        )
         drop.update(id(m) for m in chain)
         put[id(chain[-1])] = [node]
     return drop, put

@@ -1,7 +1,7 @@
 """Kernels of edgetrain's fused transformer ops (numpy only), the training step's fast paths that
 edgetrain.graph.fuse writes: GELU keeping its CDF for the backward (GeluTraining, GeluGrad), LayerNorm's backward in
-a few calls (LayerNormGrad), and softmax attention with its backward (Attention, AttentionGrad). Each has an ONNX
-function body in standard ops (edgetrain.derive.autodiff.rules.transformer)."""
+a few calls (LayerNormGrad), and softmax attention with its backward (SoftmaxAttention, SoftmaxAttentionGrad). Each
+has an ONNX function body in standard ops (edgetrain.derive.autodiff.rules.transformer)."""
 
 from __future__ import annotations
 
@@ -219,7 +219,7 @@ def _check_attention(op: str, q: np.ndarray, kt: np.ndarray, v: np.ndarray) -> N
         raise UnsupportedError(f"{op}: Q, K^T and V must be float32 or float64 alike, got {q.dtype}")
 
 
-@kernel("Attention", domain=PRIVATE_DOMAIN, shape=_attention_shape)
+@kernel("SoftmaxAttention", domain=PRIVATE_DOMAIN, shape=_attention_shape)
 def attention(
     q: np.ndarray,
     kt: np.ndarray,
@@ -232,7 +232,7 @@ def attention(
 ):
     """(Y, P): P = softmax(Q K^T * scale + mask) over the last axis, Y = P V; P is kept for the backward. The same
     numpy calls as the plain MatMul, Mul, Add, Softmax and MatMul kernels, in their order."""
-    _check_attention("Attention", q, kt, v)
+    _check_attention("SoftmaxAttention", q, kt, v)
     s = np.matmul(q, kt)
     if scale != 1.0:
         s *= s.dtype.type(scale)
@@ -261,7 +261,7 @@ def _t(a: np.ndarray) -> np.ndarray:
     return a.swapaxes(-1, -2)
 
 
-@kernel("AttentionGrad", domain=PRIVATE_DOMAIN, shape=_attention_grad_shape)
+@kernel("SoftmaxAttentionGrad", domain=PRIVATE_DOMAIN, shape=_attention_grad_shape)
 def attention_grad(
     dy: np.ndarray,
     q: np.ndarray,
@@ -275,7 +275,7 @@ def attention_grad(
     """(dQ, dK^T, dV, dZ) of Y = softmax(Z) V, Z = Q K^T * scale + mask, from the forward's P = softmax(Z):
     dP = dY V^T, dZ = P * (dP - sum(dP * P)) (the mask's gradient), dS = dZ * scale, dQ = dS K, dK^T = Q^T dS,
     dV = P^T dY; with the batch axes of P (the autodiff sums them down to each input's)."""
-    _check_attention("AttentionGrad", q, kt, v)
+    _check_attention("SoftmaxAttentionGrad", q, kt, v)
     dz = np.matmul(dy, _t(v))
     dz -= np.einsum("...ij,...ij->...i", dz, p)[..., None]  # row sums of dP * P without its temporary
     dz *= p

@@ -1,5 +1,5 @@
 """Gradient rules of the fused transformer ops edgetrain.graph.fuse writes into a training step (GeluTraining,
-Attention), LayerNormalization's fused backward (LayerNormGrad), and the standard-op bodies of all five, so the
+SoftmaxAttention), LayerNormalization's fused backward (LayerNormGrad), and the standard-op bodies of all five, so the
 emitted training step stays standard ONNX."""
 
 from __future__ import annotations
@@ -96,16 +96,18 @@ def _layer_norm_grad_body(g: GradContext, node: Node) -> list[str]:
 # (y, p) = (P V, P), P = softmax(Z) over the last axis, Z = Q K^T * scale + mask:
 #   dP = dY V^T, dZ = P * (dP - sum(dP * P)), dmask = dZ, dQ = dZ * scale K, dK^T = Q^T dZ * scale, dV = P^T dY.
 # P exists for the backward alone (edgetrain.graph.fuse): nothing else reads it, so it has no gradient of its own.
-@grad("Attention")
+@grad("SoftmaxAttention")
 def attention_grad(g: GradContext, node: Node, dys: Grads, needs: list[bool]) -> Grads:
     assert len(dys) < 2 or dys[1] is None, f"{node.label}: its P output is read by the backward alone"
     q, kt, v = node.inputs[:3]
     n = 4 if len(needs) > 3 and needs[3] else 3
-    outs = g.private("AttentionGrad", dys[0], q, kt, v, node.outputs[1], n=n, scale=g.attr(node, "scale"))
+    outs = g.private(
+        "SoftmaxAttentionGrad", dys[0], q, kt, v, node.outputs[1], n=n, scale=g.attr(node, "scale")
+    )
     return [o if need else None for o, need in zip(outs, needs)]
 
 
-@body("Attention")
+@body("SoftmaxAttention")
 def _attention_body(g: GradContext, node: Node) -> list[str]:
     q, kt, v = node.inputs[:3]
     z = g.op("MatMul", q, kt)
@@ -118,7 +120,7 @@ def _attention_body(g: GradContext, node: Node) -> list[str]:
     return [g.op("MatMul", p, v), p]
 
 
-@body("AttentionGrad")
+@body("SoftmaxAttentionGrad")
 def _attention_grad_body(g: GradContext, node: Node) -> list[str]:
     dy, q, kt, v, p = node.inputs
     dp = g.op("MatMul", dy, _swap_last(g, v))
