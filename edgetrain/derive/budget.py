@@ -270,8 +270,10 @@ def options(build: Build, budget: int, *, trainable, adapters: bool, progress=No
     recomputation level, each layer family's search for its largest k, and the head at each level."""
     s = Search(build, budget, trainable=trainable, progress=progress)
     pick, full = _everything(s)
-    for level in LEVELS:  # _everything stops at the first fit: weigh the rest too
-        s.weigh(s.weighed[0].name, trainable, level)
+    weighed = {o.recompute for o in s.weighed}
+    for level in LEVELS:  # _everything stops at the first fit: weigh the rest too (once each)
+        if level not in weighed:
+            s.weigh(s.weighed[0].name, trainable, level)
     groups = layers(full)
     if not adapters and len(groups) >= 2:
         partial = _partial(s, full, every_level=True)

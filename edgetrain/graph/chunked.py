@@ -49,6 +49,10 @@ def chunk_prefix(graph: Graph, data_inputs: Sequence[str], chunks: int, *, rule=
     nodes: list[Node] = []
     parts: dict[str, list[str]] = {v: [] for v in split.boundary}
     slices = {x: _split(b, nodes, x, chunks) for x in split.prefix.inputs}
+    for k, init in prefix.initializers.items():  # the rewritten batch constants, shared by every chunk
+        if k not in g.initializers:
+            g.initializers[k] = init
+            g.values[k] = prefix.values[k]
     token: str | None = None
     for c in range(chunks):
         names = {x: slices[x][c] for x in slices}
@@ -56,11 +60,6 @@ def chunk_prefix(graph: Graph, data_inputs: Sequence[str], chunks: int, *, rule=
             for x in slices:
                 node, names[x] = after(b, names[x], token)
                 nodes.append(node)
-        for k, init in prefix.initializers.items():
-            if k not in g.initializers:  # a rewritten batch constant
-                g.initializers[k] = init
-                g.values[k] = prefix.values[k]
-                names[k] = k
         for nd in prefix.nodes:
             outs = []
             for o in nd.outputs:
