@@ -147,14 +147,21 @@ def test_a_budgeted_artifact_fits_its_budget_and_trains_what_check_announced(bud
     x, y = batch_for("lenet", BATCH)
     losses, params = _run(tmp_path / "budget.etrain", x, y, steps=5)
     assert losses[-1] < losses[0]
+    split = {s.weight: s for s in art.channels or []}  # weights trained on their first input channels
     frozen = [p for p in full.parameters if p not in art.parameters]
     sess = et.TrainingSession(tmp_path / "budget.etrain")
     sess.train_step(x, y)
     exported = tmp_path / "personal.onnx"
     sess.export_onnx(exported)
     weights = {t.name: onnx.numpy_helper.to_array(t) for t in onnx.load(str(exported)).graph.initializer}
-    for p in frozen:  # what the budget froze stays as it was
-        assert np.array_equal(weights[p], full.initial[p]), p
+    for p in frozen:  # what the budget froze stays as it was (the other channels of a split weight)
+        s = split.get(p)
+        if s is None:
+            assert np.array_equal(weights[p], full.initial[p]), p
+            continue
+        rest = range(s.count, s.total)
+        assert np.array_equal(np.take(weights[p], rest, s.axis), np.take(full.initial[p], rest, s.axis)), p
+        assert not np.array_equal(weights[p], full.initial[p]), p  # and its first channels trained
 
 
 def test_a_budget_nothing_fits_is_refused_with_the_smallest_option():

@@ -60,6 +60,8 @@ class TrainingArtifact:
     adapters: dict | None = None
     # convert(memory_budget=...): the budget, the options weighed with their planned peaks, the one chosen and why
     budget: dict | None = None
+    # layers that train on a subset of their input channels (edgetrain.graph.channels.ChannelSplit)
+    channels: list | None = None
 
     @property
     def frozen(self) -> list[str]:
@@ -185,4 +187,6 @@ def artifact_contents(
         header["quantized"] = {**qheader, "model": qdict}
     if art.budget is not None:
         header["memory_budget"] = art.budget
+    if art.channels:
+        header["channels"] = [s.to_dict() for s in art.channels]
     return header, tensors

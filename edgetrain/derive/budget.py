@@ -11,7 +11,11 @@ The options, from the most the model can learn to the least, each with the three
 
 1. every parameter (or those `trainable` names: the budget never trains more than asked);
 2. every bias, and the weights of the last k layers (the sparse update of "On-Device Training Under 256KB":
-   biases need no stored activations for their own gradient), the largest k that fits;
+   biases need no stored activations for their own gradient), the largest k that fits; and the same with each
+   Conv/Gemm/MatMul weight of those layers training on the first quarter of its input channels alone (that paper's
+   sparse tensor update, edgetrain.derive.channels: the step keeps a quarter of the layer's input for the weight's
+   gradient, and the gradient and optimizer state are a quarter of the weight's), whose largest k is larger: the
+   one that reaches more layers is taken;
 3. the last k layers alone, the largest k that fits;
 4. the head (the last layer) alone.
 
@@ -32,6 +36,7 @@ from edgetrain.graph.footprint import FUSED_CHUNK, step_footprint
 from edgetrain.graph.recompute import LEVELS
 
 from .artifact import TrainingArtifact, artifact_contents
+from .channels import splittable
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 _UNITS.update({"K": 2**10, "M": 2**20, "G": 2**30})
@@ -64,6 +69,9 @@ class Option:
     trainable: list[str]
     recompute: str
     chunks: int = 1  # the frozen prefix runs in this many chunks of the batch
+    channels: dict[str, int] | None = (
+        None  # weights that train on their first input channels: {weight: count}
+    )
     peak: int = 0  # what the budget counts: the planned peak without the frozen weights mapped from the file
     values: int = 0  # trainable elements
     parts: dict | None = None
@@ -77,6 +85,7 @@ class Option:
             "planned_peak_bytes": int(self.parts["peak_bytes"]) if self.parts else self.peak,
             "trainable_tensors": len(self.trainable),
             "trainable_values": self.values,
+            "channels": dict(self.channels or {}),
             "fits": self.peak <= budget,
         }
 
@@ -89,7 +98,10 @@ def planned_peak(art: TrainingArtifact) -> dict:
     return step_footprint(header, tensors, fused=art.fused is not None and not clipped, chunk=FUSED_CHUNK)
 
 
-Build = Callable[..., TrainingArtifact | None]  # (trainable, recompute level, chunks) -> artifact or None
+Build = Callable[
+    ..., TrainingArtifact | None
+]  # (trainable, recompute level, chunks, channels) -> artifact or None
+CHANNEL_SHARE = 4  # the sparse options train the first 1/CHANNEL_SHARE of a split weight's input channels
 
 
 class Search:
@@ -102,12 +114,22 @@ class Search:
         self._built: dict[tuple, TrainingArtifact] = {}
         self._options: dict[tuple, Option] = {}
 
-    def weigh(self, name: str, trainable: list[str] | None, level: str, chunks: int = 1):
+    def weigh(self, name: str, trainable: list[str] | None, level: str, chunks: int = 1, channels=None):
         """(the option, its artifact), or None when its frozen part cannot run in `chunks` chunks."""
-        key = (tuple(trainable) if trainable is not None else ("*",), level, chunks)
+        channels = dict(channels or {})
+        key = (
+            tuple(trainable) if trainable is not None else ("*",),
+            level,
+            chunks,
+            tuple(sorted(channels.items())),
+        )
         if key in self._built:  # the same option under another name (the head, say)
             return self._options[key], self._built[key]
-        art = self.build(trainable, level, chunks)
+        art = (
+            self.build(trainable, level, chunks, channels)
+            if channels
+            else self.build(trainable, level, chunks)
+        )
         if art is None:
             return None
         self._built = {key: art}  # the last one only: artifacts are large
@@ -117,6 +139,7 @@ class Search:
             list(art.parameters),
             level,
             chunks=chunks,
+            channels=channels or None,
             peak=int(mem["budgeted_bytes"]),
             values=_values(art),
             parts=mem,
@@ -129,12 +152,14 @@ class Search:
             self.progress(f"  {opt.name}, {how}: {size_text(opt.peak)} ({verdict})")
         return opt, art
 
-    def first_fit(self, name: str, trainable: list[str] | None) -> tuple[Option, TrainingArtifact] | None:
+    def first_fit(
+        self, name: str, trainable: list[str] | None, channels=None
+    ) -> tuple[Option, TrainingArtifact] | None:
         """The least memory-saving with which these tensors fit, or None: each recomputation level, then the
         frozen part in 2, 4, 8, ... chunks of the batch at the level that needed least."""
         best: tuple[Option, TrainingArtifact] | None = None
         for level in LEVELS:
-            found = self.weigh(name, trainable, level)
+            found = self.weigh(name, trainable, level, 1, channels)
             assert found is not None
             if found[0].peak <= self.budget:
                 return found
@@ -143,7 +168,7 @@ class Search:
         batch = _batch(best[1])
         chunks = 2
         while chunks <= batch and batch % chunks == 0:
-            found = self.weigh(name, trainable, best[0].recompute, chunks)
+            found = self.weigh(name, trainable, best[0].recompute, chunks, channels)
             if found is None:
                 return None
             if found[0].peak <= self.budget:
@@ -151,15 +176,16 @@ class Search:
             chunks *= 2
         return None
 
-    def largest_k(self, name: Callable[[int], str], pick: Callable[[int], list[str]], n: int):
-        """The largest k in 1..n that fits at some recomputation level, with the least recomputation that does
-        (binary search: the step's memory grows with k); None when even k = 1 does not fit."""
+    def largest_k(self, name: Callable[[int], str], pick: Callable[[int], list[str]], n: int, channels=None):
+        """(the largest k in 1..n that fits at some recomputation level, that option with the least recomputation
+        that does) (binary search: the step's memory grows with k); None when even k = 1 does not fit. channels(k):
+        the weights of the k layers that train on their first input channels alone."""
         lo, hi, best = 1, n, None
         while lo <= hi:
             k = (lo + hi) // 2
-            found = self.first_fit(name(k), pick(k))
+            found = self.first_fit(name(k), pick(k), None if channels is None else channels(k))
             if found is not None:
-                best, lo = found, k + 1
+                best, lo = (k, found), k + 1
             else:
                 hi = k - 1
         return best
@@ -216,24 +242,56 @@ def _everything(s: Search) -> tuple[tuple[Option, TrainingArtifact] | None, Trai
 
 def _partial(s: Search, full: TrainingArtifact, *, every_level: bool):
     """The layer options, from the most trained to the least: every bias + the last k layers, then the last k
-    layers; the first family's best fit (every_level: the second family is searched too, for check)."""
+    layers, each family in full or on a quarter of the layers' input channels (the variant that reaches more
+    layers); the first family's best fit (every_level: the last family is searched too, for check)."""
     groups, bias = layers(full), biases(full)
     n = len(groups)
     if n < 2:
         return None
-
-    def last(k: int) -> list[str]:
-        return [p for g in groups[n - k :] for p in g]
-
-    found = s.largest_k(
-        lambda k: f"every bias + the last {k} of {n} layers",
-        lambda k: list(dict.fromkeys(bias + last(k))),
-        n - 1,
-    )
+    found = _family(s, full, groups, bias, every_level=every_level)
     if found is None or every_level:
-        alone = s.largest_k(lambda k: f"the last {k} of {n} layers", last, n - 1)
+        alone = _family(s, full, groups, [], every_level=every_level)
         found = found or alone
-    return found
+    return None if found is None else found[1]
+
+
+def _family(
+    s: Search, full: TrainingArtifact, groups: list[list[str]], bias: list[str], *, every_level: bool
+):
+    """(k, option) for the largest k such that `bias` + the last k layers fit, in full or with each splittable
+    weight among them on its first 1/CHANNEL_SHARE input channels (edgetrain.derive.channels): the variant with
+    the larger k, the full one on a tie; None when neither fits. The split variant is searched when the full one
+    stops short of every layer but the first (every_level: always)."""
+    n = len(groups)
+    head = "every bias + " if bias else ""
+
+    def pick(k: int) -> list[str]:
+        return list(dict.fromkeys(bias + [p for g in groups[n - k :] for p in g]))
+
+    found = s.largest_k(lambda k: f"{head}the last {k} of {n} layers", pick, n - 1)
+    sites = _sites(full)
+    if not sites or (found is not None and found[0] >= n - 1 and not every_level):
+        return found
+
+    def channels(k: int) -> dict[str, int]:
+        return {p: max(1, sites[p] // CHANNEL_SHARE) for g in groups[n - k :] for p in g if p in sites}
+
+    sparse = s.largest_k(
+        lambda k: f"{head}the last {k} of {n} layers, on 1/{CHANNEL_SHARE} of their input channels",
+        pick,
+        n - 1,
+        channels=channels,
+    )
+    return sparse if sparse is not None and (found is None or sparse[0] > found[0]) else found
+
+
+def _sites(full: TrainingArtifact) -> dict[str, int]:
+    """{weight: input channels} of the weights that can train on part of their input channels (at least
+    CHANNEL_SHARE of them); none for an int8 model, whose weights stay whole."""
+    if full.quantized is not None or full.roles is None:
+        return {}
+    found = splittable(full.inference, full.roles)
+    return {w: total for w, (_, _, total) in found.items() if total >= CHANNEL_SHARE}
 
 
 def fit(build: Build, budget: int, *, trainable, adapters: bool, progress=None) -> TrainingArtifact:

@@ -15,6 +15,7 @@ from edgetrain.core.errors import ShapeError, UnsupportedError
 from edgetrain.core.interpreter import compile_step
 from edgetrain.core.ir import Graph, TensorInfo, about
 from edgetrain.graph.adapters import LoraModule
+from edgetrain.graph.channels import ChannelSplit
 from edgetrain.graph.chunked import chunk_prefix
 from edgetrain.graph.fuse import fuse_for_training
 from edgetrain.graph.passes import fold_constants, make_static, prune
@@ -37,6 +38,7 @@ from .autodiff.driver import differentiate
 from .budget import Option, parse_bytes
 from .budget import fit as fit_budget
 from .budget import options as budget_options
+from .channels import split as split_layers
 from .losses import ILoss
 from .manifest import read_manifest
 from .optimizers import IOptimizer, TrainingContext
@@ -83,6 +85,7 @@ def convert(
     recompute: str = "none",
     memory_budget: int | str | None = None,
     progress: Any = None,
+    channels: dict[str, int] | None = None,
 ) -> TrainingArtifact:
     """ONNX inference model (path, bytes, onnx.ModelProto, or a static edgetrain Graph) -> TrainingArtifact.
     loss: any ILoss; optimizer: any IOptimizer; trainable: None for every parameter, or names / glob patterns;
@@ -96,7 +99,10 @@ def convert(
     recompute ("none", "cheap", "segments") recomputes saved activations in the backward instead of keeping them
     (edgetrain.graph.recompute: the same step, bit for bit, with a smaller arena); memory_budget (bytes, or "24MB")
     chooses what trains (at most what trainable asks) and what is recomputed so that the step's planned peak fits
-    (edgetrain.derive.budget), and progress (a callable taking a line of text) hears each option weighed."""
+    (edgetrain.derive.budget), and progress (a callable taking a line of text) hears each option weighed; channels
+    ({weight: count}) trains each named Conv/Gemm/MatMul weight on its first `count` input channels alone, the rest
+    frozen (the sparse update of "On-Device Training Under 256KB Memory": edgetrain.derive.channels); the export
+    writes the weights whole."""
     if not isinstance(loss, ILoss):
         raise UnsupportedError(
             f"loss must be an ILoss (e.g. et.CrossEntropyLoss()), not {type(loss).__name__}"
@@ -112,12 +118,17 @@ def convert(
     source = os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
     with about(source):  # every fault found on the way names the model file
         budget = None if memory_budget is None else parse_bytes(memory_budget)
+        if channels and budget is not None:
+            raise UnsupportedError(
+                "give channels or memory_budget, not both: the budget chooses which layers train on part of their "
+                "input channels itself (`edgetrain check --memory-budget` lists its options)"
+            )
         art = _convert(
             model,
             (loss, optimizer, output),
             trainable,
             batch_size,
-            (untie, parameters, adapters),
+            (untie, parameters, adapters, dict(channels or {})),
             (recompute, budget, progress),
         )
         art.preprocessing, notes = declared_pipeline(art.base, preprocessing)
@@ -154,11 +165,15 @@ def _builder(imported, objective, trainable, batch_size, reading, rule, provenan
     ceiling = _static_model(imported, trainable, batch_size, rule, reading)
     last: dict[tuple[str, ...], Any] = {}
 
-    def build(chosen, level: str, chunks: int = 1) -> TrainingArtifact | None:
-        key = tuple(chosen) if chosen is not None else ()
+    def build(
+        chosen, level: str, chunks: int = 1, channels: dict[str, int] | None = None
+    ) -> TrainingArtifact | None:
+        key = (tuple(chosen) if chosen is not None else (), tuple(sorted((channels or {}).items())))
         if key not in last:
             m = ceiling
-            if chosen is not None and ceiling.lowered is not None:
+            if channels:  # the split layers change the graph: made static again
+                m = _static_model(imported, chosen, batch_size, rule, (*reading[:3], channels))
+            elif chosen is not None and ceiling.lowered is not None:
                 m = _static_model(imported, chosen, batch_size, rule, reading)
             elif chosen is not None:
                 m = replace(ceiling, chosen=[p for p in ceiling.chosen if p in set(chosen)])
@@ -191,7 +206,7 @@ def memory_options(
             (loss, optimizer, None),
             trainable,
             batch_size,
-            (False, None, None),
+            (False, None, None, {}),
             ("options", budget, progress),
         )
 
@@ -244,6 +259,7 @@ def _derive(m: _StaticModel, step, memory: tuple, *, provenance) -> TrainingArti
         quantized=None if m.lowered is None else m.lowered.header(ext.params),  # (header, its constants)
         quantized_model=None if m.lowered is None else m.lowered.original,
         adapters=m.adapters,
+        channels=m.channels,
     )
 
 
@@ -270,15 +286,20 @@ class _StaticModel:
     notes: list[str]
     lowered: Lowered | None = None  # an int8 model's lowering (the model as imported, for its int8 export)
     adapters: dict | None = None  # {"config": the adapter module's, "modules": [LoraModule]}
+    channels: list[ChannelSplit] | None = None  # layers that train on a subset of their input channels
 
 
 def _static_model(imported: Graph, trainable, batch_size: int | None, rule, reading) -> _StaticModel:
     """Roles decided on the graph as imported, before anything is folded (folding then never goes through a
     parameter: an embedding table gathered at constant positions stays a table that trains); the base graph;
     the inference graph made static at the training batch (a fixed-batch export re-batched, and checked)."""
-    untie, parameters, adapters = reading
+    untie, parameters, adapters, channels = reading
     imported, roles, untied, lowered = read_roles(imported, untie=untie, parameters=parameters)
     modules: list[LoraModule] = []
+    imported, roles, splits, trainable, split = _split_channels(
+        imported, roles, channels, trainable, (lowered, adapters)
+    )
+    untied = untied + split
     if adapters is None:
         chosen = select_trainable(roles, trainable)
     else:  # the adapters train, and what trainable adds
@@ -301,7 +322,38 @@ def _static_model(imported: Graph, trainable, batch_size: int | None, rule, read
         check_types(inference)
     m = _StaticModel(inference, base, roles, chosen, plan, untied + _decisions(roles) + notes, lowered)
     m.adapters = None if adapters is None else {"config": adapters.config(), "modules": modules}
+    m.channels = splits or None
     return m
+
+
+def _split_channels(imported: Graph, roles: Roles, channels, trainable, others):
+    """convert(channels=...): (the graph with those layers split, their roles, the records, trainable with each
+    split weight's name replaced by its trained part's); as it was without channels."""
+    if not channels:
+        return imported, roles, [], trainable, []
+    lowered, adapters = others
+    if lowered is not None or adapters is not None:
+        raise UnsupportedError(
+            "channels cannot be combined with "
+            + ("an int8 model" if lowered is not None else "adapters")
+            + ": train whole weights there (trainable=...), or convert the float model without adapters"
+        )
+    if not isinstance(channels, dict):
+        raise UnsupportedError(f"channels must map weight names to counts, not {type(channels).__name__}")
+    imported, roles, splits = split_layers(imported, roles, channels)
+    shown = ", ".join(f"'{s.weight}' {s.count} of {s.total}" for s in splits[:6]) + (
+        " ..." if len(splits) > 6 else ""
+    )
+    notes = [
+        f'{len(splits)} layer(s) train on their first input channels alone (the sparse update of "On-Device '
+        f'Training Under 256KB Memory"): {shown}; the other channels stay frozen, and the export writes each '
+        "weight whole"
+    ]
+    if trainable is not None:
+        named = {s.weight: s.trained for s in splits}
+        listed = [trainable] if isinstance(trainable, str) else list(trainable)
+        trainable = [named.get(t, t) for t in listed] + [s.trained for s in splits if s.weight not in listed]
+    return imported, roles, splits, trainable, notes
 
 
 def _decisions(roles: Roles) -> list[str]:
@@ -315,6 +367,7 @@ def _decisions(roles: Roles) -> list[str]:
         for n, r in roles.entries.items()
         if r.kind == "constant"
         and r.role not in ("constant", "a literal number")
+        and not r.role.startswith("frozen part of")  # a split layer's: its own note says so
         and not r.role.endswith("manifest)")
     ]
     notes = []

@@ -49,6 +49,8 @@ class LoadedArtifact:
     quantized: dict[str, Any] | None = None
     # LoRA adapters inserted at convert: {"config": dict, "modules": [edgetrain.graph.adapters.LoraModule]}
     adapters: dict[str, Any] | None = None
+    # layers that train on a subset of their input channels: [edgetrain.graph.channels.ChannelSplit]
+    channels: list[Any] | None = None
 
     @property
     def io(self) -> dict[str, Any]:
@@ -132,9 +134,31 @@ def load_artifact(
         None if header.get("quantized") is None else _quantized(path, header["quantized"], graph, io, tensors)
     )
     adapters = None if header.get("adapters") is None else _adapters(path, header["adapters"], io, base)
+    channels = None if header.get("channels") is None else _channels(path, header["channels"], base)
     return LoadedArtifact(
-        path, header, program, base, plan, initial, tensors, batch_plan, fused, quantized, adapters
+        path, header, program, base, plan, initial, tensors, batch_plan, fused, quantized, adapters, channels
     )
+
+
+def _channels(path: str, records: Any, base: Graph) -> list[Any]:
+    """The split layers, checked against the inference graph: both halves of each weight initializers, each
+    inserted node there."""
+    from edgetrain.graph.channels import ChannelSplit  # only an artifact with split layers needs it
+
+    if not isinstance(records, list):
+        raise _bad(path, "its 'channels' is not a list of split layers")
+    names = {n.name for n in base.nodes}
+    out = []
+    for d in records:
+        try:
+            s = ChannelSplit.from_dict(d)
+            ok = {s.trained, s.frozen} <= set(base.initializers) and set(s.nodes) <= names and s.nodes
+        except (TypeError, KeyError, AttributeError, ValueError) as e:
+            raise _bad(path, f"its 'channels' lists a malformed split layer ({type(e).__name__}: {e})") from None
+        if not ok:
+            raise _bad(path, f"its split of '{s.weight}' names a tensor or node that is not in the artifact")
+        out.append(s)
+    return out
 
 
 def _adapters(path: str, a: Any, io: dict, base: Graph) -> dict[str, Any]:

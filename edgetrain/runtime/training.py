@@ -638,6 +638,16 @@ class TrainingSession:
         }
         base, params = self._export_graph(requantize, float_model)
         base, params, defaults = self._adapted(base, params, adapters)
+        if self.artifact.channels:  # layers trained on a subset of their input channels: whole again
+            from edgetrain.graph.channels import (  # only such a model's export needs them
+                unsplit,
+                whole_weights,
+            )
+
+            whole = whole_weights(self.artifact.channels, base.initializers, params)
+            parts = {p for s in self.artifact.channels for p in (s.trained, s.frozen)}
+            base = unsplit(base, self.artifact.channels)
+            params = {**{k: v for k, v in params.items() if k not in parts}, **whole}
         if self._pipeline is not None and self._pipeline.declared:
             spec = json.dumps(self._pipeline.to_json())
             if preprocessing:
