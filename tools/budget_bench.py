@@ -240,10 +240,18 @@ def _row(variant: str, art, path: Path, *, lr: float, seconds: float, option: st
 _SMALLEST = re.compile(r"smallest planned peak is ([0-9.]+ [KM]iB) \((.+), recompute (\w+)\)")
 
 
+def _deep(option: str) -> bool:
+    """Whether an option trains the weights of more than the last layer (every parameter, or the last k > 1
+    layers): then it trains at full fine-tuning's rate, as head-only's rate (5x) is made for the head alone and
+    sends deep layers' weights far; the head and the biases train at head-only's rate."""
+    m = re.search(r"the last (\d+) of", option)
+    return option.startswith("every parameter") or (m is not None and int(m.group(1)) > 1)
+
+
 def _budgeted(case: Case, budget: int, variant: str, folder: Path, say) -> dict:
-    """The variant convert chooses for `budget`: at head-only's rate unless it trains every parameter, then
-    converted again at full fine-tuning's (the same search, the same choice); or the refusal, with the smallest
-    option convert names."""
+    """The variant convert chooses for `budget`: at head-only's rate unless it trains the weights of more than the
+    last layer (_deep), then converted again at full fine-tuning's (the same search, the same choice); or the
+    refusal, with the smallest option convert names."""
     t0 = time.perf_counter()
     try:
         art = _convert(case, lr=LR_PART, budget=budget, say=lambda line: say("    " + line.strip()))
@@ -259,7 +267,7 @@ def _budgeted(case: Case, budget: int, variant: str, folder: Path, say) -> dict:
             "convert_seconds": time.perf_counter() - t0,
         }
     lr = LR_PART
-    if art.budget["chosen"]["name"].startswith("every parameter"):
+    if _deep(art.budget["chosen"]["name"]):
         lr, first = LR_ALL, art.budget["chosen"]
         art = _convert(case, lr=lr, budget=budget)
         assert art.budget["chosen"] == first, (first, art.budget["chosen"])
@@ -526,7 +534,7 @@ def table(m: dict) -> list[str]:
         cells = [
             r["variant"],
             budget,
-            r["option"],
+            f"{r['option']} (lr {r['lr']:g})",
             r["recompute"],
             chunks,
             f"{r['trainable_values']:,}",
@@ -559,8 +567,9 @@ def write(out: Path, doc: dict) -> None:
         "- **training**: each variant trains in a fresh process that imports numpy, loaders and edgetrain.runtime",
         f"  alone, with the Trainer and a DataLoader as the demo's fine-tuning does: {s['epochs']} epochs of the",
         f"  user's digits shuffled with seed {s['seed']}, a checkpoint, the Trainer's defaults (its frozen-prefix",
-        f"  feature cache among them); {s['optimizer']}; lr {s['lr_every_parameter']} when every parameter trains",
-        f"  and {s['lr_otherwise']} otherwise (the demo's per-variant rates, edgetrain/demo.py VARIANTS); one BLAS",
+        f"  feature cache among them); {s['optimizer']}; lr {s['lr_every_parameter']} when the weights of more than",
+        f"  the last layer train and {s['lr_otherwise']} for the head and biases (the demo's rates for full and",
+        "  head-only fine-tuning, edgetrain/demo.py VARIANTS: head-only's, 5x, sends deeper weights far); one BLAS",
         "  thread. The accuracies are the trained session's `run()` on the held-out and the original test digits.",
         "- **RSS growth: fine-tuning**: that process's VmHWM after training minus its VmHWM right after its imports",
         "  (the peak itself in brackets); it holds what the Trainer adds to the step (the feature cache's programs,",
