@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from edgetrain.core import fastpaths
-from edgetrain.core.container import read_container, short, write_container
+from edgetrain.core.container import read_container, release_pages, short, write_container
 from edgetrain.core.errors import (
     ArtifactError,
     ConfigError,
@@ -130,6 +130,9 @@ class TrainingSession:
         self._cache_args: dict[
             str, Any
         ] = {}  # FeatureCache's settings, for a prefix cut back (see _checked_cache)
+        # the file's pages the checksum and the parameters' copies read: the session has its own copies now (the
+        # frozen weights map back in as the step reads them)
+        release_pages(art.tensors.values())
 
     def _fixed_inputs(self) -> dict[str, tuple[np.dtype, tuple[int, ...]]] | None:
         """(fastpaths "lean_step") each data input's dtype and static shape, for the per-step check that passes a
