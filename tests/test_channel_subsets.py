@@ -229,3 +229,25 @@ def test_a_tight_budget_takes_the_variant_on_part_of_the_channels_when_it_reache
     assert any(
         "of their input channels" not in n and "the last 2 of" in n for n in names
     )  # weighed, too large
+
+
+@pytest.mark.parametrize(
+    "damage,match",
+    [
+        (lambda c: c[0].update(count=99), "malformed split layer"),
+        (lambda c: c[0].update(frozen="nowhere"), "split of 'c2.w' names a tensor or node"),
+        (lambda c: c[0].update(nodes=["gone"]), "split of 'c2.w' names a tensor or node"),
+        (lambda c: c.append("a split"), "malformed split layer"),
+    ],
+)
+def test_a_damaged_split_record_is_refused_naming_the_file(damage, match, tmp_path):
+    from edgetrain.core.container import read_container, write_container
+    from edgetrain.core.errors import ArtifactError
+
+    _convert(_model(), channels={"c2.w": 3}).save(tmp_path / "a.etrain")
+    header, tensors = read_container(tmp_path / "a.etrain")
+    damage(header["channels"])
+    write_container(tmp_path / "b.etrain", kind="artifact", header=header, tensors=dict(tensors))
+    with pytest.raises(ArtifactError, match=match) as e:
+        et.TrainingSession(tmp_path / "b.etrain")
+    assert "b.etrain" in str(e.value)

@@ -94,25 +94,14 @@ def _roles(roles: Roles, records: list[ChannelSplit], g: Graph) -> dict[str, Rol
             entries[name] = r
             continue
         n, total = s.count, s.total
-        entries[s.trained] = Role(
-            s.trained,
-            PARAMETER,
-            f"{r.role} (input channels 0-{n - 1} of {total})",
-            r.nodes,
-            _shape(g, s.trained),
-            r.dtype,
-            scopes=r.scopes,
-            author=r.author,
-        )
-        entries[s.frozen] = Role(
-            s.frozen,
-            CONSTANT,
-            f"frozen part of '{name}' (input channels {n}-{total - 1} of {total})",
-            r.nodes,
-            _shape(g, s.frozen),
-            r.dtype,
-            scopes=r.scopes,
-        )
+        for part, kind, text in (
+            (s.trained, PARAMETER, f"{r.role} (input channels 0-{n - 1} of {total})"),
+            (s.frozen, CONSTANT, f"frozen part of '{name}' (input channels {n}-{total - 1} of {total})"),
+        ):
+            author = r.author if kind == PARAMETER else ""
+            entries[part] = Role(
+                part, kind, text, r.nodes, _shape(g, part), r.dtype, scopes=r.scopes, author=author
+            )
     return entries
 
 
