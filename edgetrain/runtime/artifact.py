@@ -154,7 +154,9 @@ def _channels(path: str, records: Any, base: Graph) -> list[Any]:
             s = ChannelSplit.from_dict(d)
             ok = {s.trained, s.frozen} <= set(base.initializers) and set(s.nodes) <= names and s.nodes
         except (TypeError, KeyError, AttributeError, ValueError) as e:
-            raise _bad(path, f"its 'channels' lists a malformed split layer ({type(e).__name__}: {e})") from None
+            raise _bad(
+                path, f"its 'channels' lists a malformed split layer ({type(e).__name__}: {e})"
+            ) from None
         if not ok:
             raise _bad(path, f"its split of '{s.weight}' names a tensor or node that is not in the artifact")
         out.append(s)
