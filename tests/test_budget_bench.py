@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -53,7 +54,9 @@ def test_quick_run_writes_the_report_and_every_budget_is_kept(quick):
             continue
         assert 0 < r["budgeted_bytes"] <= r["budget_bytes"], r
         assert r["planned_peak_bytes"] >= r["budgeted_bytes"]
-        assert r["lr"] == (0.01 if r["option"].startswith("every parameter") else 0.05)
+        last = re.search(r"the last (\d+) of", r["option"])
+        deep = r["option"].startswith("every parameter") or (last is not None and int(last.group(1)) > 1)
+        assert r["lr"] == (0.01 if deep else 0.05), r  # weights deeper than the head train at full's rate
     assert rows["full"]["option"] == "every parameter" and rows["full"]["lr"] == 0.01
     head = rows["head-only"]
     assert head["trainable_values"] == 84 * 10 + 10 and head["lr"] == 0.05  # fc3, the demo's head

@@ -500,3 +500,66 @@ def test_real_exports_head_only_with_the_cache_bit_for_bit(tmp_path_factory, mod
         x = _data(ex.sample_shape, ex.num_classes, n=8)[0]
     y = np.random.default_rng(1).integers(0, ex.num_classes, len(x))
     _assert_identical(path, x, y, epochs=2)
+
+
+# ---- kernels that put several samples in one product ----------------------------------------------------------------
+def _pointwise_net() -> onnx.ModelProto:
+    """A stride-4 stem to 2x2 positions, then 1x1 convolutions over those few positions (the fast path that runs
+    them as one GEMM over the batch: fastpaths.BATCH_MIXING), global pooling and a Gemm head."""
+    rng = np.random.default_rng(3)
+    inits, nodes, h, c = [], [], "x", 3
+    for k, (out, kernel, stride) in enumerate([(32, 4, 4), (64, 1, 1), (96, 1, 1), (64, 1, 1)]):
+        w = (rng.standard_normal((out, c, kernel, kernel)) * (1.0 / np.sqrt(c * kernel * kernel))).astype(
+            np.float32
+        )
+        inits += [
+            numpy_helper.from_array(w, f"c{k}.w"),
+            numpy_helper.from_array(np.zeros(out, np.float32), f"c{k}.b"),
+        ]
+        nodes += [
+            helper.make_node(
+                "Conv", [h, f"c{k}.w", f"c{k}.b"], [f"h{k}"], strides=[stride, stride], name=f"conv{k}"
+            ),
+            helper.make_node("Relu", [f"h{k}"], [f"r{k}"], name=f"relu{k}"),
+        ]
+        h, c = f"r{k}", out
+    inits += [
+        numpy_helper.from_array((rng.standard_normal((5, c)) * 0.1).astype(np.float32), "fc.weight"),
+        numpy_helper.from_array(np.zeros(5, np.float32), "fc.bias"),
+    ]
+    nodes += [
+        helper.make_node("GlobalAveragePool", [h], ["pooled"], name="pool"),
+        helper.make_node("Flatten", ["pooled"], ["flat"], name="flatten"),
+        helper.make_node("Gemm", ["flat", "fc.weight", "fc.bias"], ["logits"], transB=1, name="fc"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "pointwise",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 8, 8])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["n", 5])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_the_frozen_prefix_computes_each_sample_on_its_own_so_the_cache_reaches_the_head(
+    tmp_path, monkeypatch
+):
+    """A 1x1 convolution over few positions runs as one GEMM over the batch, where a BLAS may round a sample's
+    result by its position (OpenBLAS 0.3.31 does on MobileNetV2's last layers: the cache then stopped 62 nodes short
+    of the head). Nodes of the frozen prefix compute each sample on its own, in the step with the cache and without
+    it alike, so the cache reaches the head and stays bit for bit; a trained 1x1 convolution keeps the batched GEMM."""
+    from edgetrain.core.kernels import nn
+
+    x, y = _data((3, 8, 8), 5, n=16)
+    head = _artifact(tmp_path, _pointwise_net(), ["fc.*"], batch=8, name="head")
+    full = _artifact(tmp_path, _pointwise_net(), None, batch=8, name="full")
+    calls: list[str] = []
+    batched = nn.batch_columns
+    monkeypatch.setattr(nn, "batch_columns", lambda a3: calls.append("batched") or batched(a3))
+    info = _assert_identical(head, x, y, batch=8)
+    assert info["boundary"] == ["flat"], info  # every frozen node cached
+    assert not calls  # no frozen node put samples in one product
+    sess = et.TrainingSession(full)
+    sess.train_step(x[:8], y[:8])
+    assert calls  # where the layers train, the batched GEMM still runs

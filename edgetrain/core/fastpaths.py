@@ -21,6 +21,11 @@ from contextlib import contextmanager
 
 _OFF: list[set[str]] = []
 
+# paths whose kernels compute several samples in one matrix product (a 1x1 convolution over few positions as one
+# GEMM over the batch): a BLAS may round a sample's result by where it sits in that product, so nodes whose results
+# are kept per sample (the feature cache's frozen prefix) compile without them (Interpreter(per_sample=...))
+BATCH_MIXING = ("conv1x1_batched",)
+
 
 def _from_env() -> set[str]:
     raw = os.environ.get("EDGETRAIN_PLAIN", "")

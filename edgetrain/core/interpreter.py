@@ -11,9 +11,10 @@ allocates nothing but the graph's outputs.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,10 +91,13 @@ class Interpreter:
         bind: Mapping[str, np.ndarray] | None = None,
         max_arena_bytes: int | None = None,
         lean: bool | None = None,
+        per_sample: Collection[str] = (),
     ):
         """lean: run kernels specialized for the graph's static shapes where they have a specialization (fast
         path "lean_kernels"); by default for a training step's program (a plan or bound outputs), whose feeds
-        its session checks against those shapes. Never for a graph whose shapes are still being inferred."""
+        its session checks against those shapes. Never for a graph whose shapes are still being inferred.
+        per_sample: names of nodes that compute each sample on its own, without the fast paths that put several
+        samples in one product (fastpaths.BATCH_MIXING): a frozen prefix whose results are cached per sample."""
         self.graph = graph
         self.max_arena_bytes = max_arena_bytes  # the plan's ceiling (memory.MAX_ARENA_BYTES when None)
         self.plan = plan
@@ -147,10 +151,17 @@ class Interpreter:
             dests = tuple(buffers.get(o) if o else None for o in n.outputs)
             if writes_out and dests and dests[0] is not None:
                 kwargs["out"] = dests[0]
+            alone = n.name in per_sample and bool(
+                fastpaths.BATCH_MIXING
+            )  # (plain() with no name: every path)
             if lean:
-                fast = self._lean(n, KERNELS[n.op_type], dests, buffers, shared)
+                with fastpaths.plain(*fastpaths.BATCH_MIXING) if alone else contextlib.nullcontext():
+                    fast = self._lean(n, KERNELS[n.op_type], dests, buffers, shared)
                 if fast is not None:
                     fn, kwargs = fast, {}
+                    alone = False  # its paths were read when it was built
+            if alone:
+                fn = _per_sample(fn)
             steps.append(Step(fn, ins, outs, kwargs, dests, free, n))
         self.steps = steps
         self._tables(bind or {})
@@ -323,6 +334,17 @@ def _compile(steps: Sequence[Step], *, free: bool = True) -> _Program:
         lines.append("    pass")
     exec(compile("\n".join(lines), _FILENAME, "exec"), names)
     return _Program(names["run"], tuple(starts))
+
+
+def _per_sample(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """fn run without the fast paths that put several samples in one product (a kernel that reads its switches
+    when called)."""
+
+    def alone(*args: Any, **kwargs: Any) -> Any:
+        with fastpaths.plain(*fastpaths.BATCH_MIXING):
+            return fn(*args, **kwargs)
+
+    return alone
 
 
 def _root(a: np.ndarray) -> np.ndarray:

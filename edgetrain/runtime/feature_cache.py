@@ -103,7 +103,10 @@ class FeatureCache:
         # each half under a memory plan of its own: without one, every activation would hold a buffer of its own
         from edgetrain.graph.memory import planned_interpreter  # start-up: the planner loads on first use
 
-        self.prefix = planned_interpreter(split.prefix, lean=False)
+        alone = {
+            n.name for n in split.prefix.nodes
+        }  # each sample's rows computed on their own (BATCH_MIXING)
+        self.prefix = planned_interpreter(split.prefix, lean=False, per_sample=alone)
         self.suffix = planned_interpreter(
             split.suffix, bind=bind
         )  # bind: the step's outputs, into the caller's
@@ -150,7 +153,7 @@ class FeatureCache:
             if any(i in rows for i in n.inputs):
                 rows.update(o for o in n.outputs if o)
         every = g.copy(outputs=list(dict.fromkeys(o for n in g.nodes for o in n.outputs if o in rows)))
-        run = Interpreter(every, preallocate=False)
+        run = Interpreter(every, preallocate=False, per_sample={n.name for n in g.nodes})
         flipped = {k: np.ascontiguousarray(v[::-1]) for k, v in feeds.items()}
         a, b = run.run(feeds), run.run(flipped)
         axes = self.split.batch_axes  # a value may hold its samples along another axis (a recurrence's Y)

@@ -99,11 +99,15 @@ class TrainingSession:
                 for p in io["parameters"]
                 if f["gradients"][p] in f["program"].outputs
             }
-            self._step_program = Interpreter(f["program"], plan=f["plan"], bind=bind, **limit)
+            alone = self._frozen_nodes(f["program"])
+            self._step_program = Interpreter(
+                f["program"], plan=f["plan"], bind=bind, per_sample=alone, **limit
+            )
             self._bind = bind
             self._grad_of = {p: f["gradients"][p] for p in io["parameters"]}
         else:
-            self._step_program = Interpreter(art.program, plan=art.plan, **limit)
+            alone = self._frozen_nodes(art.program)
+            self._step_program = Interpreter(art.program, plan=art.plan, per_sample=alone, **limit)
             self._bind: dict[str, np.ndarray] = {}
             # Parameters and state are owned by the session: writable copies of the file's read-only maps.
             self._values = {k: np.array(v) for k, v in art.initial.items()}
@@ -133,6 +137,13 @@ class TrainingSession:
         # the file's pages the checksum and the parameters' copies read: the session has its own copies now (the
         # frozen weights map back in as the step reads them)
         release_pages(art.tensors.values())
+
+    def _frozen_nodes(self, program) -> set[str]:
+        """The frozen prefix's nodes, which compute each sample on its own (Interpreter(per_sample=)): the
+        feature cache keeps their results per sample, so a step with the cache and one without run the same
+        kernels on them, and the cache reaches as far as the prefix does."""
+        split, _ = split_step(program, self._io["data_inputs"])
+        return set() if split is None else {n.name for n in split.prefix.nodes}
 
     def _fixed_inputs(self) -> dict[str, tuple[np.dtype, tuple[int, ...]]] | None:
         """(fastpaths "lean_step") each data input's dtype and static shape, for the per-step check that passes a
