@@ -168,7 +168,7 @@ def test_the_trained_channels_follow_pytorch_and_the_others_never_move(case, tmp
 
 
 def test_the_split_is_told_and_its_state_is_the_trained_part(tmp_path):
-    art = _convert(_model(), channels={"fc1.w": 72})
+    art = _convert(_model(), channels={"fc1.w": np.int64(72)})  # a numpy count as well as an int
     assert any("'fc1.w' 72 of 288" in n for n in art.notes)
     assert "fc1.w" not in art.parameters and "fc1.w.channels" in art.parameters
     momentum = next(s for s in art.state if s.startswith("fc1.w.channels"))

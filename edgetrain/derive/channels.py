@@ -59,6 +59,9 @@ def split(graph: Graph, roles: Roles, channels: Mapping[str, int]) -> tuple[Grap
     """(the graph with each named weight's layer split, the roles with each trained part a parameter and each
     frozen part a constant, the records); a weight that cannot be split, or a count out of range, is an error."""
     sites = splittable(graph, roles)
+    channels = {
+        w: int(c) if isinstance(c, np.integer) else c for w, c in channels.items()
+    }  # numpy counts too
     for w, count in channels.items():
         if w not in sites:
             shown = ", ".join(repr(s) for s in list(sites)[:6]) + (" ..." if len(sites) > 6 else "")
@@ -67,7 +70,7 @@ def split(graph: Graph, roles: Roles, channels: Mapping[str, int]) -> tuple[Grap
                 f"Conv (group 1), Gemm or MatMul that alone reads it; these can: {shown or 'none'}"
             )
         total = sites[w][2]
-        if type(count) is not int or not 0 < count < total:
+        if type(count) is not int or not 0 < count < total:  # (not a float, nor a bool)
             raise UnsupportedError(
                 f"channels: '{w}' has {total} input channels; give a count from 1 to {total - 1} (all of them: "
                 "name it in trainable instead)"
