@@ -151,22 +151,26 @@ class Interpreter:
             dests = tuple(buffers.get(o) if o else None for o in n.outputs)
             if writes_out and dests and dests[0] is not None:
                 kwargs["out"] = dests[0]
-            alone = n.name in per_sample and bool(
-                fastpaths.BATCH_MIXING
-            )  # (plain() with no name: every path)
-            if lean:
-                with fastpaths.plain(*fastpaths.BATCH_MIXING) if alone else contextlib.nullcontext():
-                    fast = self._lean(n, KERNELS[n.op_type], dests, buffers, shared)
-                if fast is not None:
-                    fn, kwargs = fast, {}
-                    alone = False  # its paths were read when it was built
-            if alone:
-                fn = _per_sample(fn)
+            alone = n.name in per_sample
+            fn, kwargs = self._kernel(n, (fn, kwargs), (dests, buffers, shared), lean=lean, alone=alone)
             steps.append(Step(fn, ins, outs, kwargs, dests, free, n))
         self.steps = steps
         self._tables(bind or {})
         self._compiled = _compile(steps)
         self._kept: _Program | None = None  # compiled without dropping values, for run(record=)
+
+    def _kernel(self, n: Node, plain: tuple, where: tuple, *, lean: bool, alone: bool):
+        """(fn, kwargs) node n runs: its specialized kernel when lean and it has one, else plain; alone: without
+        the fast paths that put several samples in one product (fastpaths.BATCH_MIXING)."""
+        alone = alone and bool(fastpaths.BATCH_MIXING)  # (plain() with no name turns every path off)
+        if lean:
+            dests, buffers, shared = where
+            with fastpaths.plain(*fastpaths.BATCH_MIXING) if alone else contextlib.nullcontext():
+                fast = self._lean(n, KERNELS[n.op_type], dests, buffers, shared)
+            if fast is not None:  # its paths were read when it was built
+                return fast, {}
+        fn, kwargs = plain
+        return (_per_sample(fn) if alone else fn), kwargs
 
     def _tables(self, bind: Mapping[str, np.ndarray]) -> None:
         """What run() reads: the constants' slots, an env with them in place, the inputs' and outputs' slots."""

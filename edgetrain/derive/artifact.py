@@ -185,8 +185,13 @@ def artifact_contents(
             assert name not in tensors or np.array_equal(tensors[name], arr), f"constant '{name}' differs"
             tensors.setdefault(name, arr)
         header["quantized"] = {**qheader, "model": qdict}
+    _choices(art, header)
+    return header, tensors
+
+
+def _choices(art: TrainingArtifact, header: dict[str, Any]) -> None:
+    """What convert chose for the user, into the header: the memory budget's options, the split layers."""
     if art.budget is not None:
         header["memory_budget"] = art.budget
     if art.channels:
         header["channels"] = [s.to_dict() for s in art.channels]
-    return header, tensors

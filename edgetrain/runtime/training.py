@@ -90,27 +90,7 @@ class TrainingSession:
         # the gradients into one flat buffer and updates every parameter in a few numpy calls; else it runs the
         # whole step graph. fused=False asks for the graph (the tests compare the two).
         self._fused = self._make_fused(art) if fused else None
-        if self._fused is not None:
-            self._values: dict[str, np.ndarray] = self._fused.values()
-            f = art.fused
-            grads = self._fused.gradients()
-            bind = {
-                f["gradients"][p]: grads[p]
-                for p in io["parameters"]
-                if f["gradients"][p] in f["program"].outputs
-            }
-            alone = self._frozen_nodes(f["program"])
-            self._step_program = Interpreter(
-                f["program"], plan=f["plan"], bind=bind, per_sample=alone, **limit
-            )
-            self._bind = bind
-            self._grad_of = {p: f["gradients"][p] for p in io["parameters"]}
-        else:
-            alone = self._frozen_nodes(art.program)
-            self._step_program = Interpreter(art.program, plan=art.plan, per_sample=alone, **limit)
-            self._bind: dict[str, np.ndarray] = {}
-            # Parameters and state are owned by the session: writable copies of the file's read-only maps.
-            self._values = {k: np.array(v) for k, v in art.initial.items()}
+        self._programs(art, limit)
         self._lean_feeds = self._fixed_inputs() if fastpaths.enabled("lean_step") else None
         # the gradients a step may leave outside their views: not bound, or bound but computed by no node (a
         # constant); the others the program always writes into their views
@@ -137,6 +117,32 @@ class TrainingSession:
         # the file's pages the checksum and the parameters' copies read: the session has its own copies now (the
         # frozen weights map back in as the step reads them)
         release_pages(art.tensors.values())
+
+    def _programs(self, art, limit: dict) -> None:
+        """The step program (the fused one, whose gradients land in the fused optimizer's flat buffer, else the
+        whole step graph), the parameters and state the session owns, and the gradient bindings."""
+        io = self._io
+        if self._fused is not None:
+            self._values: dict[str, np.ndarray] = self._fused.values()
+            f = art.fused
+            grads = self._fused.gradients()
+            bind = {
+                f["gradients"][p]: grads[p]
+                for p in io["parameters"]
+                if f["gradients"][p] in f["program"].outputs
+            }
+            alone = self._frozen_nodes(f["program"])
+            self._step_program = Interpreter(
+                f["program"], plan=f["plan"], bind=bind, per_sample=alone, **limit
+            )
+            self._bind = bind
+            self._grad_of = {p: f["gradients"][p] for p in io["parameters"]}
+        else:
+            alone = self._frozen_nodes(art.program)
+            self._step_program = Interpreter(art.program, plan=art.plan, per_sample=alone, **limit)
+            self._bind: dict[str, np.ndarray] = {}
+            # Parameters and state are owned by the session: writable copies of the file's read-only maps.
+            self._values = {k: np.array(v) for k, v in art.initial.items()}
 
     def _frozen_nodes(self, program) -> set[str]:
         """The frozen prefix's nodes, which compute each sample on its own (Interpreter(per_sample=)): the
