@@ -114,7 +114,12 @@ def _torch_steps(model: onnx.ModelProto, channels: dict[str, int], x, y):
         loss.backward()
         opt.step()
         losses.append(loss.item())
-    return losses, {k: v.detach().numpy() for k, v in params.items()}, forward
+
+    def logits(x: np.ndarray) -> np.ndarray:  # the trained model, on numpy data
+        with torch.no_grad():
+            return forward(torch.tensor(x)).numpy()
+
+    return losses, {k: v.detach().numpy() for k, v in params.items()}, logits
 
 
 def _convert(model, **kw):
@@ -161,9 +166,7 @@ def test_the_trained_channels_follow_pytorch_and_the_others_never_move(case, tmp
         assert np.array_equal(np.take(weights[w], range(k, weights[w].shape[AXIS[w]]), axis=AXIS[w]), kept)
         np.testing.assert_allclose(np.take(weights[w], range(k), axis=AXIS[w]), ref[w], rtol=1e-4, atol=1e-6)
     got = ort.InferenceSession(str(tmp_path / "personal.onnx")).run(None, {"x": x})[0]
-    np.testing.assert_allclose(
-        got, forward(__import__("torch").tensor(x)).detach().numpy(), rtol=1e-4, atol=1e-5
-    )
+    np.testing.assert_allclose(got, forward(x), rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(got, sess.run(x), rtol=1e-5, atol=1e-5)  # the split sums its halves
 
 
@@ -189,6 +192,8 @@ def test_the_split_is_told_and_its_state_is_the_trained_part(tmp_path):
         ({"c2.w": 8}, r"'c2.w' has 8 input channels; give a count from 1 to 7"),
         ({"c2.w": 0}, r"from 1 to 7"),
         ({"c2.w": 2.5}, r"from 1 to 7"),
+        (["c2.w"], r"channels must map weight names to counts, e\.g\."),
+        ("c2.w", r"channels must map weight names to counts"),
     ],
 )
 def test_a_weight_that_cannot_be_split_is_refused_with_what_can(channels, match):

@@ -25,6 +25,7 @@ _OFF: list[set[str]] = []
 # GEMM over the batch): a BLAS may round a sample's result by where it sits in that product, so nodes whose results
 # are kept per sample (the feature cache's frozen prefix) compile without them (Interpreter(per_sample=...))
 BATCH_MIXING = ("conv1x1_batched",)
+BATCH_MIXING_OPS = frozenset({"Conv"})  # the ops whose kernels have such a path: the others need no care
 
 
 def _from_env() -> set[str]:

@@ -162,7 +162,8 @@ class Interpreter:
     def _kernel(self, n: Node, plain: tuple, where: tuple, *, lean: bool, alone: bool):
         """(fn, kwargs) node n runs: its specialized kernel when lean and it has one, else plain; alone: without
         the fast paths that put several samples in one product (fastpaths.BATCH_MIXING)."""
-        alone = alone and bool(fastpaths.BATCH_MIXING)  # (plain() with no name turns every path off)
+        # only a kernel with such a path; and plain() with no name would turn every path off
+        alone = alone and n.op_type in fastpaths.BATCH_MIXING_OPS and bool(fastpaths.BATCH_MIXING)
         if lean:
             dests, buffers, shared = where
             with fastpaths.plain(*fastpaths.BATCH_MIXING) if alone else contextlib.nullcontext():

@@ -69,9 +69,8 @@ class Option:
     trainable: list[str]
     recompute: str
     chunks: int = 1  # the frozen prefix runs in this many chunks of the batch
-    channels: dict[str, int] | None = (
-        None  # weights that train on their first input channels: {weight: count}
-    )
+    # weights that train on their first input channels: {weight: count}
+    channels: dict[str, int] | None = None
     peak: int = 0  # what the budget counts: the planned peak without the frozen weights mapped from the file
     values: int = 0  # trainable elements
     parts: dict | None = None
@@ -98,9 +97,8 @@ def planned_peak(art: TrainingArtifact) -> dict:
     return step_footprint(header, tensors, fused=art.fused is not None and not clipped, chunk=FUSED_CHUNK)
 
 
-Build = Callable[
-    ..., TrainingArtifact | None
-]  # (trainable, recompute level, chunks, channels) -> artifact or None
+# (trainable, recompute level, chunks, channels) -> artifact or None
+Build = Callable[..., TrainingArtifact | None]
 CHANNEL_SHARE = 4  # the sparse options train the first 1/CHANNEL_SHARE of a split weight's input channels
 
 
@@ -125,11 +123,7 @@ class Search:
         )
         if key in self._built:  # the same option under another name (the head, say)
             return self._options[key], self._built[key]
-        art = (
-            self.build(trainable, level, chunks, channels)
-            if channels
-            else self.build(trainable, level, chunks)
-        )
+        art = self.build(trainable, level, chunks, channels)
         if art is None:
             return None
         self._built = {key: art}  # the last one only: artifacts are large
@@ -274,7 +268,7 @@ def _family(
         return found
 
     def channels(k: int) -> dict[str, int]:
-        return {p: max(1, sites[p] // CHANNEL_SHARE) for g in groups[n - k :] for p in g if p in sites}
+        return {p: sites[p] // CHANNEL_SHARE for g in groups[n - k :] for p in g if p in sites}
 
     sparse = s.largest_k(
         lambda k: f"{head}the last {k} of {n} layers, on 1/{CHANNEL_SHARE} of their input channels",

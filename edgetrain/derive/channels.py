@@ -22,6 +22,7 @@ from edgetrain.graph.channels import ChannelSplit
 from .params import CONSTANT, PARAMETER, Role, Roles
 
 F32 = np.float32
+FROZEN_PART = "frozen part of"  # how the role of a split weight's frozen part begins
 
 
 def splittable(graph: Graph, roles: Roles) -> dict[str, tuple[int, int, int]]:
@@ -99,7 +100,7 @@ def _roles(roles: Roles, records: list[ChannelSplit], g: Graph) -> dict[str, Rol
         n, total = s.count, s.total
         for part, kind, text in (
             (s.trained, PARAMETER, f"{r.role} (input channels 0-{n - 1} of {total})"),
-            (s.frozen, CONSTANT, f"frozen part of '{name}' (input channels {n}-{total - 1} of {total})"),
+            (s.frozen, CONSTANT, f"{FROZEN_PART} '{name}' (input channels {n}-{total - 1} of {total})"),
         ):
             author = r.author if kind == PARAMETER else ""
             entries[part] = Role(

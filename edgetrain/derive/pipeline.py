@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -38,6 +38,7 @@ from .autodiff.driver import differentiate
 from .budget import Option, parse_bytes
 from .budget import fit as fit_budget
 from .budget import options as budget_options
+from .channels import FROZEN_PART
 from .channels import split as split_layers
 from .losses import ILoss
 from .manifest import read_manifest
@@ -118,6 +119,10 @@ def convert(
     source = os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
     with about(source):  # every fault found on the way names the model file
         budget = None if memory_budget is None else parse_bytes(memory_budget)
+        if channels is not None and not isinstance(channels, Mapping):
+            raise UnsupportedError(
+                f"channels must map weight names to counts, e.g. {{'fc.weight': 32}}, not {type(channels).__name__}"
+            )
         if channels and budget is not None:
             raise UnsupportedError(
                 "give channels or memory_budget, not both: the budget chooses which layers train on part of their "
@@ -338,8 +343,6 @@ def _split_channels(imported: Graph, roles: Roles, channels, trainable, others):
             + ("an int8 model" if lowered is not None else "adapters")
             + ": train whole weights there (trainable=...), or convert the float model without adapters"
         )
-    if not isinstance(channels, dict):
-        raise UnsupportedError(f"channels must map weight names to counts, not {type(channels).__name__}")
     imported, roles, splits = split_layers(imported, roles, channels)
     shown = ", ".join(f"'{s.weight}' {s.count} of {s.total}" for s in splits[:6]) + (
         " ..." if len(splits) > 6 else ""
@@ -367,7 +370,7 @@ def _decisions(roles: Roles) -> list[str]:
         for n, r in roles.entries.items()
         if r.kind == "constant"
         and r.role not in ("constant", "a literal number")
-        and not r.role.startswith("frozen part of")  # a split layer's: its own note says so
+        and not r.role.startswith(FROZEN_PART)  # a split layer's: its own note says so
         and not r.role.endswith("manifest)")
     ]
     notes = []

@@ -76,9 +76,7 @@ def unsplit(graph: Graph, splits: Sequence[ChannelSplit]) -> Graph:
     made = {o for n in graph.nodes if n.name in drop for o in n.outputs} - {s.output for s in splits}
     used = {i for n in nodes for i in n.inputs}
     inits = {
-        k: v
-        for k, v in graph.initializers.items()
-        if k not in gone and k not in made and (k in used or k in graph.outputs)
+        k: v for k, v in graph.initializers.items() if k not in gone and (k in used or k in graph.outputs)
     }
     values = {k: v for k, v in graph.values.items() if k not in gone and k not in made}
     return graph.copy(nodes=nodes, initializers=inits, values=values)

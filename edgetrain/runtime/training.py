@@ -147,8 +147,9 @@ class TrainingSession:
     def _frozen_nodes(self, program) -> set[str]:
         """The frozen prefix's nodes, which compute each sample on its own (Interpreter(per_sample=)): the
         feature cache keeps their results per sample, so a step with the cache and one without run the same
-        kernels on them, and the cache reaches as far as the prefix does."""
-        split, _ = split_step(program, self._io["data_inputs"])
+        kernels on them, and the cache reaches as far as the prefix does. The split is kept for the cache."""
+        self._split = split_step(program, self._io["data_inputs"])
+        split = self._split[0]
         return set() if split is None else {n.name for n in split.prefix.nodes}
 
     def _fixed_inputs(self) -> dict[str, tuple[np.dtype, tuple[int, ...]]] | None:
@@ -350,7 +351,7 @@ class TrainingSession:
         budget = DEFAULT_MAX_BYTES if max_bytes is None else int(max_bytes)
         if budget < 0:
             raise FeedError(f"max_bytes must be >= 0, not {max_bytes}")
-        split, reason = split_step(self._step_program.graph, self._io["data_inputs"])
+        split, reason = self._split  # the step program's, cut when the session was made
         if split is None:
             self._cache, self._cache_reason = None, reason
         else:
