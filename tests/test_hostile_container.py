@@ -880,7 +880,7 @@ def test_every_artifact_the_converter_makes_validates(tmp_path, model, how):
     loaded = load_artifact(path)  # checks every graph and both plans
     check_plan(loaded.program, loaded.plan)
     if loaded.fused is not None:
-        check_plan(loaded.fused["program"], loaded.fused["plan"])
+        check_plan(loaded.fused.program, loaded.fused.plan)
     for fused in (True, False):
         assert np.isfinite(et.TrainingSession(path, fused=fused).train_step(x, y))
     # the given order's plan too (the planner keeps it when no reordering does better)
