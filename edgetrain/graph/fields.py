@@ -199,6 +199,77 @@ class Optional(Spec):
         return [b for b in self.of.breaking() if b is not None]
 
 
+class Integer(Spec):
+    """Any integer, not a bool."""
+
+    what = "an int"
+
+    def accepts(self, v):
+        return type(v) is int
+
+    def breaking(self):
+        return ["-100", 1.5, True]
+
+
+class Choice(Spec):
+    def __init__(self, *choices: str):
+        self.choices = choices
+        self.what = "one of " + ", ".join(repr(c) for c in choices)
+
+    def accepts(self, v):
+        return v in self.choices and isinstance(v, str)
+
+    def breaking(self):
+        return ["none", 5]
+
+
+class Part(Spec):
+    """A nested record of class `cls`, read field by field (where/prefix: how its messages name it)."""
+
+    def __init__(self, cls: type, where: str, prefix: str, *, keep_config: bool = False):
+        self.cls, self.where, self.prefix, self.keep_config = cls, where, prefix, keep_config
+        self.what = "an object"
+
+    def read(self, v: Any, r: Reader, values: dict[str, Any], refuse) -> Any:
+        if not isinstance(v, dict):
+            raise refuse(v)
+        config = {"config": v} if self.keep_config else {}
+        return read_fields(self.cls, v, r, where=self.where, prefix=self.prefix, **config)
+
+    def breaking(self):
+        return [[1, 2], "x"]
+
+
+class GraphPart(Spec):
+    """A stored graph (edgetrain.core.serialize), checked as a program the runtime can run."""
+
+    what = "a graph"
+
+    def __init__(self, words: str):
+        self.words = words
+
+    def read(self, v: Any, r: Reader, values: dict[str, Any], refuse) -> Graph:
+        return r.graph(v, self.words)
+
+    def breaking(self):
+        return [None, [1, 2], {"nodes": {"k": 1}}]
+
+
+class PlanPart(Spec):
+    """A memory plan of the graph the record read under `of`, checked against it (core.plan.check_plan)."""
+
+    what = "a memory plan"
+
+    def __init__(self, of: str, words: str):
+        self.of, self.words = of, words
+
+    def read(self, v: Any, r: Reader, values: dict[str, Any], refuse) -> MemoryPlan:
+        return r.plan(v, values[self.of], self.words)
+
+    def breaking(self):
+        return [None, {"alignment": 0}, "x"]
+
+
 SAYS = "its {label} is {value}, not {what}"  # how a field that is not what its spec says is refused
 SAYS_NUMBER = "its {label} {value} is not {what}"  # ... for a number whose words come first ("learning rate")
 
@@ -280,9 +351,14 @@ class Reader:
         return ArtifactError(self.form.format(path=self.path, what=what))
 
     @contextmanager
-    def field(self, name: str) -> Iterator[None]:
-        """Refusals raised while the field `name` is read name it (the innermost field only)."""
-        self._at.append(name)
+    def field(self, name: str, *, root: bool = False) -> Iterator[None]:
+        """Refusals raised while the field `name` is read name it (the innermost field only). root: `name` is a
+        path from the header's top (a check of one field that another field's reading runs)."""
+        outer = self._at
+        if root:
+            self._at = name.split(".")
+        else:
+            self._at.append(name)
         try:
             yield
         except ArtifactError as e:
@@ -294,7 +370,10 @@ class Reader:
                 e.args = (text + tag if cut < 0 else text[:cut] + tag + text[cut:], *e.args[1:])
             raise
         finally:
-            self._at.pop()
+            if root:
+                self._at = outer
+            else:
+                self._at.pop()
 
     def refusal(self, f: dataclasses.Field, label: str) -> Callable[[Any], ArtifactError]:
         """The error that refuses value v of field f, in the field's words."""

@@ -27,13 +27,18 @@ from edgetrain.core.serialize import graph_to_dict
 from .fields import (
     NOTHING,
     SAYS_NUMBER,
+    Choice,
     Flag,
+    GraphPart,
+    Integer,
     Name,
     NameMap,
     Names,
     Obj,
     Optional,
     Pair,
+    Part,
+    PlanPart,
     Reader,
     Real,
     Spec,
@@ -54,77 +59,6 @@ S = TypeVar("S", bound=Section)
 ZERO_STATE_PER_PARAMETER_BYTE = 4
 CLASS_LOSSES = ("CrossEntropyLoss", "NextTokenLoss")  # losses whose targets are class labels
 STATE_KINDS = ("momentum", "exp_avg", "exp_avg_sq", "step")  # the fused optimizers' state tensors
-
-
-class Integer(Spec):
-    """Any integer, not a bool."""
-
-    what = "an int"
-
-    def accepts(self, v):
-        return type(v) is int
-
-    def breaking(self):
-        return ["-100", 1.5, True]
-
-
-class Choice(Spec):
-    def __init__(self, *choices: str):
-        self.choices = choices
-        self.what = "one of " + ", ".join(repr(c) for c in choices)
-
-    def accepts(self, v):
-        return v in self.choices and isinstance(v, str)
-
-    def breaking(self):
-        return ["none", 5]
-
-
-class Part(Spec):
-    """A nested record of class `cls`, read field by field (where/prefix: how its messages name it)."""
-
-    def __init__(self, cls: type, where: str, prefix: str, *, keep_config: bool = False):
-        self.cls, self.where, self.prefix, self.keep_config = cls, where, prefix, keep_config
-        self.what = "an object"
-
-    def read(self, v: Any, r: Reader, values: dict[str, Any], refuse) -> Any:
-        if not isinstance(v, dict):
-            raise refuse(v)
-        config = {"config": v} if self.keep_config else {}
-        return read_fields(self.cls, v, r, where=self.where, prefix=self.prefix, **config)
-
-    def breaking(self):
-        return [[1, 2], "x"]
-
-
-class GraphPart(Spec):
-    """A stored graph (edgetrain.core.serialize), checked as a program the runtime can run."""
-
-    what = "a graph"
-
-    def __init__(self, words: str):
-        self.words = words
-
-    def read(self, v: Any, r: Reader, values: dict[str, Any], refuse) -> Graph:
-        return r.graph(v, self.words)
-
-    def breaking(self):
-        return [None, [1, 2], {"nodes": {"k": 1}}]
-
-
-class PlanPart(Spec):
-    """A memory plan of the graph the record read under `of`, checked against it (core.plan.check_plan)."""
-
-    what = "a memory plan"
-
-    def __init__(self, of: str, words: str):
-        self.of, self.words = of, words
-
-    def read(self, v: Any, r: Reader, values: dict[str, Any], refuse) -> MemoryPlan:
-        return r.plan(v, values[self.of], self.words)
-
-    def breaking(self):
-        return [None, {"alignment": 0}, "x"]
 
 
 # ---- the parts of the record ------------------------------------------------------------------------------------
@@ -173,12 +107,11 @@ class IORecord:
             info = program.values.get(self.loss)
             if info is None or not info.is_static or int(np.prod(info.shape)) != 1 or info.dtype.kind != "f":
                 raise r.bad(f"its loss {short(self.loss)} is declared {info}, not one floating-point number")
-        with r.field("updates"):
-            stray = [k for k in self.updates if k not in set(self.parameters) | set(self.state)]
-            if stray:
-                raise r.bad(f"its io updates {short(stray[0])}, which is no parameter or state")
-        with r.field("lr"):
-            fed_by_nothing(r, program, self, "program")
+        # checks that tie two fields together name the io settings as a whole
+        stray = [k for k in self.updates if k not in set(self.parameters) | set(self.state)]
+        if stray:
+            raise r.bad(f"its io updates {short(stray[0])}, which is no parameter or state")
+        fed_by_nothing(r, program, self, "program")
 
 
 def fed_by_nothing(r: Reader, program: Graph, io: IORecord, what: str) -> None:
@@ -370,15 +303,38 @@ class OptimizerPart(Part):
 
 
 class ZeroPart(Spec):
-    """Optimizer state that starts at zero, declared (dtype, shape), not stored: {name: [dtype, shape]} (each
-    checked against the program's declaration when the initial values are read)."""
+    """Optimizer state that starts at zero, declared (dtype, shape), not stored: {name: [dtype, shape]}, each of
+    exactly the dtype and shape the program declares for that state tensor, their bytes bounded."""
 
     what = "an object"
 
     def accepts(self, v):
         return isinstance(v, dict)
 
-    def convert(self, v):
+    def read(self, v, r, values, refuse):
+        if not self.accepts(v):
+            raise refuse(v)
+        program, io = values["program"], values["io"]
+        zero_bytes = 0
+        for name, spec_ in v.items():
+            if name not in io.state:
+                raise r.bad(
+                    f"it declares a zero initial value for {short(name)}, which is no optimizer state"
+                )
+            info = program.values.get(name)
+            want = (
+                None if info is None or not info.is_static else [np.dtype(info.dtype).name, list(info.shape)]
+            )
+            if spec_ != want:
+                raise r.bad(
+                    f"its declared zero state {short(name)} is {short(spec_)}, but the program declares "
+                    f"{short(want)} for it"
+                )
+            try:
+                zero_bytes += declared_nbytes(spec_[1], np.dtype(spec_[0]).itemsize)
+            except (TypeError, ValueError) as e:
+                raise r.bad(f"its declared zero state {short(name)} is impossible: {e}") from None
+        r.context["zero_bytes"] = zero_bytes
         return dict(v)
 
     def breaking(self):
@@ -411,21 +367,7 @@ def initial_values(
         if name not in r.tensors:
             raise r.bad(f"its initial value {short(name)} is not among its tensors")
         initial[name] = r.tensors[name]
-    zero_bytes = 0
-    for name, spec_ in zeros.items():
-        if name not in io.state:
-            raise r.bad(f"it declares a zero initial value for {short(name)}, which is no optimizer state")
-        info = program.values.get(name)
-        want = None if info is None or not info.is_static else [np.dtype(info.dtype).name, list(info.shape)]
-        if spec_ != want:
-            raise r.bad(
-                f"its declared zero state {short(name)} is {short(spec_)}, but the program declares {short(want)} "
-                "for it"
-            )
-        try:
-            zero_bytes += declared_nbytes(spec_[1], np.dtype(spec_[0]).itemsize)
-        except (TypeError, ValueError) as e:
-            raise r.bad(f"its declared zero state {short(name)} is impossible: {e}") from None
+    zero_bytes = r.context.get("zero_bytes", 0)
     param_bytes = sum(initial[p].nbytes for p in io.parameters if p in initial)
     # Optimizer state is a few tensors per parameter (SGD's momentum, Adam's two moments, a step count).
     budget = ZERO_STATE_PER_PARAMETER_BYTE * param_bytes + (1 << 20)
@@ -448,10 +390,11 @@ def _owned(r: Reader, initial: dict, program: Graph, io: IORecord) -> dict[str, 
     out = {}
     for name in io.parameters + io.state:
         if name not in initial:
-            raise r.bad(
-                f"it holds no initial value for {short(name)} (none among its 'initial' tensors, none declared in "
-                "its 'zeros')"
-            )
+            with r.field("io.parameters" if name in io.parameters else "io.state", root=True):
+                raise r.bad(
+                    f"it holds no initial value for {short(name)} (none among its 'initial' tensors, none declared "
+                    "in its 'zeros')"
+                )
         info = program.values.get(name)
         a = initial[name]
         if (

@@ -384,6 +384,8 @@ class QuantizedSection(Section):
                 w = QuantWeight.from_dict(d)
             except (TypeError, AttributeError) as e:
                 raise r.bad(f"its int8 export lists a malformed weight ({e})") from None
+            if not _quant_weight_typed(w):
+                raise r.bad(f"its int8 export lists a malformed weight ({short(d)})")
             needed = [w.scale] + ([w.zero_point] if w.kind == "weight" else []) + list(w.scale_from)
             if w.name not in params or w.source not in inits or any(c not in consts for c in needed):
                 raise r.bad(f"its int8 export's weight '{w.name}' names a tensor that is not in the artifact")
@@ -429,6 +431,15 @@ class QuantizedSection(Section):
             (("model",), None),
             (("model", "initializers"), None),
         ]
+
+
+def _quant_weight_typed(w: QuantWeight) -> bool:
+    """Each field of an int8 weight's record of its type (names, an axis, a kind, a dtype, a range)."""
+    names = (w.name, w.source, w.scale, w.zero_point, w.dtype)
+    ok = all(isinstance(n, str) for n in names) and type(w.axis) is int and w.kind in ("weight", "bias")
+    ok = ok and isinstance(w.scale_from, list) and all(isinstance(n, str) for n in w.scale_from)
+    ok = ok and isinstance(w.transposed, bool) and all(q is None or type(q) is int for q in (w.qmin, w.qmax))
+    return ok and w.dtype in ("int8", "uint8", "int32", "int16", "uint16", "int4", "uint4")
 
 
 @dataclass(frozen=True)
