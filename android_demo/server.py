@@ -66,6 +66,7 @@ PAGES = {  # the only files served: no path from a request ever reaches the file
     "/": ("index.html", "text/html; charset=utf-8"),
     "/index.html": ("index.html", "text/html; charset=utf-8"),
     "/app.js": ("app.js", "text/javascript; charset=utf-8"),
+    "/common.js": ("common.js", "text/javascript; charset=utf-8"),  # what app.js and text.js share
     "/style.css": ("style.css", "text/css; charset=utf-8"),
     "/text.js": ("text.js", "text/javascript; charset=utf-8"),
 }
