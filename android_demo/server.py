@@ -48,7 +48,6 @@ import numpy as np
 
 from . import api_json
 from .api_json import ApiError
-from .app import AppError, Home
 from .connections import (
     MAX_CONNECTIONS,
     MAX_HEADER_BYTES,
@@ -59,6 +58,7 @@ from .connections import (
     linger,
     refuse,
 )
+from .home import AppError, BaseHome
 from .text import MAX_TEXT, TextHome
 
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
@@ -92,7 +92,7 @@ def _clean(v: Any) -> Any:
 class Burst:
     """At most one burst at a time, run in a background thread; its progress as the page polls it."""
 
-    def __init__(self, home: Home):
+    def __init__(self, home: BaseHome):
         self.home = home
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -160,7 +160,7 @@ class AppServer(ThreadingHTTPServer):
 
     def __init__(
         self,
-        home: Home,
+        home: BaseHome,
         address: tuple[str, int],
         *,
         request_timeout: float = REQUEST_TIMEOUT,
@@ -475,7 +475,7 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def make_server(
-    home: Home,
+    home: BaseHome,
     *,
     port: int = 8765,
     host: str = "127.0.0.1",
@@ -509,7 +509,7 @@ def make_server(
 
 
 def serve(
-    home: Home,
+    home: BaseHome,
     *,
     port: int = 8765,
     host: str = "127.0.0.1",
