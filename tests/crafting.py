@@ -63,5 +63,3 @@ def encode(
         edited = table(entries)
         entries = edited if isinstance(edited, dict) else entries
     return container_bytes({"header": header, "tensors": entries}, bytes(data), kind=kind)
-
-

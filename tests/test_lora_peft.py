@@ -158,7 +158,7 @@ def _pair(art, layers: dict[str, nn.Module], prefix: str) -> dict[str, object]:
     val_58 too, and for the tied head, whose weight is the token table."""
     pairs = {}
     weights = art.inference.initializers
-    for m in art.adapters["modules"]:
+    for m in art.section(AdaptersSection).modules:
         w = weights[m.weight]
         hits = [
             path

@@ -61,12 +61,18 @@ def artifacts(tmp_path_factory):
             adapters=et.LoRA(rank=2),
         ),
         "channels": et.convert(
-            MODELS["mlp"][0](), loss=ce(), optimizer=et.SGD(lr=0.05), batch_size=4, channels={"fc1.weight": 64}
+            MODELS["mlp"][0](),
+            loss=ce(),
+            optimizer=et.SGD(lr=0.05),
+            batch_size=4,
+            channels={"fc1.weight": 64},
         ),
         "budget": et.convert(
             MODELS["lenet"][0](), loss=ce(), optimizer=et.SGD(lr=0.05), batch_size=4, memory_budget="400KB"
         ),
-        "rebatched": et.convert(MODELS["lenet"][0](batch=2), loss=ce(), optimizer=et.SGD(lr=0.05), batch_size=4),
+        "rebatched": et.convert(
+            MODELS["lenet"][0](batch=2), loss=ce(), optimizer=et.SGD(lr=0.05), batch_size=4
+        ),
         "int8": et.convert(_int8_mlp(d), loss=ce(), optimizer=et.SGD(lr=0.05), batch_size=4),
     }
     paths = {}
@@ -118,7 +124,11 @@ def _names_the_field(e: ArtifactError, path: tuple) -> bool:
     """The refusal's field is the broken one, or a record that holds it (a check that ties two fields together)."""
     tag = getattr(e, "field", None)
     dotted = ".".join(str(k) for k in path)
-    return tag is not None and (dotted == tag or dotted.startswith(tag + ".")) and f"[header field {tag}]" in str(e)
+    return (
+        tag is not None
+        and (dotted == tag or dotted.startswith(tag + "."))
+        and f"[header field {tag}]" in str(e)
+    )
 
 
 def test_every_field_of_the_record_is_refused_broken_naming_itself(artifacts, tmp_path):
@@ -129,7 +139,9 @@ def test_every_field_of_the_record_is_refused_broken_naming_itself(artifacts, tm
         edits = list(field_edits(ArtifactRecord, header)) + list(section_edits(header))
         for path, value, field in edits:
             target.write_bytes(encode(_crafted(header, path, value), tensors))
-            case = f"{name}: {'.'.join(map(str, path))} = {'deleted' if value is DELETE else repr(value)[:40]}"
+            case = (
+                f"{name}: {'.'.join(map(str, path))} = {'deleted' if value is DELETE else repr(value)[:40]}"
+            )
             try:
                 load_artifact(target)
             except ArtifactError as e:
@@ -198,7 +210,9 @@ def test_an_unknown_section_is_refused_not_left_out(artifacts, tmp_path):
     header, tensors = read_container(artifacts["sgd"])
     target = tmp_path / "newer.etrain"
     write_container(target, kind="artifact", header={**header, "sparsity": {"mask": "m"}}, tensors=tensors)
-    with pytest.raises(ArtifactError, match=r"holds 'sparsity', a part of the training program this edgetrain does"):
+    with pytest.raises(
+        ArtifactError, match=r"holds 'sparsity', a part of the training program this edgetrain does"
+    ):
         load_artifact(target)
 
 

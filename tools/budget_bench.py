@@ -35,6 +35,7 @@ import numpy as np
 # The device side only at the top: the worker (this file run with --worker) must train with numpy, loaders and
 # edgetrain.runtime alone. `import edgetrain` loads nothing of the build side until a name of it is used.
 import edgetrain as et
+from edgetrain.graph.sections import MemoryBudgetSection
 from edgetrain.runtime import InferenceSession, TrainingSession
 from edgetrain.runtime.describe import artifact_step_memory
 from edgetrain.runtime.trainer import Trainer
@@ -267,10 +268,13 @@ def _budgeted(case: Case, budget: int, variant: str, folder: Path, say) -> dict:
             "convert_seconds": time.perf_counter() - t0,
         }
     lr = LR_PART
-    if _deep(art.budget["chosen"]["name"]):
-        lr, first = LR_ALL, art.budget["chosen"]
+    if _deep(art.section(MemoryBudgetSection).chosen["name"]):
+        lr, first = LR_ALL, art.section(MemoryBudgetSection).chosen
         art = _convert(case, lr=lr, budget=budget)
-        assert art.budget["chosen"] == first, (first, art.budget["chosen"])
+        assert art.section(MemoryBudgetSection).chosen == first, (
+            first,
+            art.section(MemoryBudgetSection).chosen,
+        )
     row = _row(variant, art, folder / f"{case.key}-{variant.replace('/', '_')}.etrain", lr=lr, seconds=0.0)
     row.update(budget_bytes=budget, convert_seconds=time.perf_counter() - t0)
     assert row["budgeted_bytes"] <= budget, row  # inspect's count of the file is what convert planned

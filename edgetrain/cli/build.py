@@ -15,7 +15,7 @@ import numpy as np
 
 from edgetrain.core.container import atomic_write, inspect_container
 from edgetrain.core.errors import EdgeTrainError, RebatchError, StorageError, UsageError
-from edgetrain.graph.sections import AdaptersSection, QuantizedSection
+from edgetrain.graph.sections import AdaptersSection, BatchPlanSection, QuantizedSection
 from edgetrain.runtime.describe import describe, summary
 from edgetrain.runtime.progress import duration, mb
 from loaders import InputPipeline, imageops
@@ -141,9 +141,11 @@ def run_convert(args: argparse.Namespace) -> int:
     print(f"converted {args.model} -> {out} ({mb(size)}) in {duration(seconds)}")
     for line in art.notes + ([fallback] if fallback else []):
         print(f"  {line}")
-    if getattr(args, "debug", False) and art.batch_plan is not None:  # every rewritten node, not the summary
+    if (
+        getattr(args, "debug", False) and art.section(BatchPlanSection) is not None
+    ):  # every rewritten node, not the summary
         print("  every rewritten node:")
-        for line in art.batch_plan.describe(art.base, batch):
+        for line in art.section(BatchPlanSection).plan.describe(art.base, batch):
             print(f"    {line}")
     print(f"  loss        {_config_text(art.loss_config)}")
     print(f"  labels      {loss.describe_target(art.inference.info(args.model_output or art.outputs[0]))}")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -15,8 +15,6 @@ from edgetrain import __version__
 from edgetrain.core.container import write_container
 from edgetrain.core.ir import Graph
 from edgetrain.graph.memory import plan_memory
-from edgetrain.graph.quantized import QuantWeight
-from edgetrain.graph.rebatch import BatchPlan
 from edgetrain.graph.record import (
     ArtifactRecord,
     FusedRecord,
@@ -25,19 +23,12 @@ from edgetrain.graph.record import (
     loss_record,
     optimizer_record,
 )
-from edgetrain.graph.sections import (
-    AdaptersSection,
-    BatchPlanSection,
-    ChannelsSection,
-    MemoryBudgetSection,
-    PreprocessingSection,
-    QuantizedSection,
-    Section,
-)
+from edgetrain.graph.sections import Section
 
 from .autodiff import expand_body
 from .params import Roles
 
+S = TypeVar("S", bound=Section)
 UPDATED = ".updated"  # output name of the next value of a parameter or state tensor: f"{name}.updated"
 
 
@@ -63,21 +54,15 @@ class TrainingArtifact:
     roles: Roles | None = None  # every initializer's role in the imported model (build side only)
     # what conversion did that the user should know (re-batching)
     notes: list[str] = field(default_factory=list)
-    batch_plan: BatchPlan | None = None  # how the inference graph (base) moves to another batch, when fixed
     # the step for the runtime's fused optimizer (see _fused_program), or None: the runtime runs `graph`
     fused: dict | None = None
-    # the declared input pipeline (loaders.InputPipeline.to_json()), or None: data is fed as readers give it
-    preprocessing: dict | None = None
-    # an int8 model: its form and trained masters (edgetrain.graph.quantized.Lowered.header), and the model as
-    # imported, which the export writes again with the trained weights requantized
-    quantized: tuple[dict, dict[str, np.ndarray]] | None = None
-    quantized_model: Graph | None = None
-    # adapters inserted at convert: {"config": the module's settings, "modules": [edgetrain.graph.adapters.LoraModule]}
-    adapters: dict | None = None
-    # convert(memory_budget=...): the budget, the options weighed with their planned peaks, the one chosen and why
-    budget: dict | None = None
-    # layers that train on a subset of their input channels (edgetrain.graph.channels.ChannelSplit)
-    channels: list | None = None
+    # the sections the rewrites applied at convert leave for the device, by header key (edgetrain.graph.sections)
+    sections: dict[str, Section] = field(default_factory=dict)
+
+    def section(self, cls: type[S]) -> S | None:
+        """The section of that kind, if a rewrite left one."""
+        s = self.sections.get(cls.KEY)
+        return s if isinstance(s, cls) else None
 
     @property
     def frozen(self) -> list[str]:
@@ -140,7 +125,7 @@ def artifact_record(art: TrainingArtifact, *, fused_only: bool = False) -> Artif
     io = IORecord(**{f: tuple(v) if isinstance(v, list) else v for f, v in _io(art).items()})
     return ArtifactRecord(
         values=dict(art.initial),
-        sections=artifact_sections(art),
+        sections=dict(art.sections),
         program_id="",
         optimizer=optimizer_record(art.optimizer_config),
         loss=loss_record(art.loss_config),
@@ -166,27 +151,6 @@ def _io(art: TrainingArtifact) -> dict[str, Any]:
         "state": art.state,
         "updates": art.updates,
     }
-
-
-def artifact_sections(art: TrainingArtifact) -> dict[str, Section]:
-    """The sections of the rewrites applied at convert, by header key."""
-    sections: dict[str, Section] = {}
-    if art.batch_plan is not None:
-        sections["batch_plan"] = BatchPlanSection(art.batch_plan)
-    if art.preprocessing is not None:
-        sections["preprocessing"] = PreprocessingSection(art.preprocessing)
-    if art.adapters is not None:
-        modules = [m for m in art.adapters["modules"] if m.A in art.parameters]
-        sections["adapters"] = AdaptersSection(art.adapters["config"], modules)
-    if art.quantized is not None and art.quantized_model is not None:
-        qheader, consts = art.quantized
-        weights = [QuantWeight.from_dict(w) for w in qheader["weights"]]
-        sections["quantized"] = QuantizedSection(qheader["form"], weights, consts, art.quantized_model)
-    if art.budget is not None:
-        sections["memory_budget"] = MemoryBudgetSection(art.budget)
-    if art.channels:
-        sections["channels"] = ChannelsSection(list(art.channels))
-    return sections
 
 
 def artifact_contents(

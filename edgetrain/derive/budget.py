@@ -34,6 +34,7 @@ import numpy as np
 from edgetrain.core.errors import ModelError, UnsupportedError
 from edgetrain.graph.footprint import FUSED_CHUNK, step_footprint
 from edgetrain.graph.recompute import LEVELS
+from edgetrain.graph.sections import MemoryBudgetSection, QuantizedSection
 
 from .artifact import TrainingArtifact, artifact_record
 from .channels import splittable
@@ -282,7 +283,7 @@ def _family(
 def _sites(full: TrainingArtifact) -> dict[str, int]:
     """{weight: input channels} of the weights that can train on part of their input channels (at least
     CHANNEL_SHARE of them); none for an int8 model, whose weights stay whole."""
-    if full.quantized is not None or full.roles is None:
+    if full.section(QuantizedSection) is not None or full.roles is None:
         return {}
     found = splittable(full.inference, full.roles)
     return {w: total for w, (_, _, total) in found.items() if total >= CHANNEL_SHARE}
@@ -303,11 +304,12 @@ def fit(build: Build, budget: int, *, trainable, adapters: bool, progress=None) 
             "at least that, or train at a smaller batch size (`edgetrain check --memory-budget` lists the options)"
         )
     opt, art = chosen
-    art.budget = {
+    record = {
         "budget_bytes": budget,
         "chosen": opt.to_dict(budget),
         "weighed": [o.to_dict(budget) for o in s.weighed],
     }
+    art.sections[MemoryBudgetSection.KEY] = MemoryBudgetSection(record)
     chunked = f", frozen part in {opt.chunks} chunks" if opt.chunks > 1 else ""
     art.notes.append(
         f"memory budget {size_text(budget)}: trains {opt.name} ({len(opt.trainable)} tensors, {opt.values:,} "

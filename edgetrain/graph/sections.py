@@ -477,6 +477,16 @@ class MemoryBudgetSection(Section):
     def __init__(self, value: dict[str, Any]):
         self.value = value
 
+    @property
+    def chosen(self) -> dict[str, Any]:
+        """The option chosen (edgetrain.derive.budget.Option.to_dict)."""
+        return self.value["chosen"]
+
+    @property
+    def weighed(self) -> list[dict[str, Any]]:
+        """Every option weighed on the way, in order."""
+        return self.value.get("weighed", [])
+
     @classmethod
     def read(cls, value: Any, r: Reader) -> MemoryBudgetSection:
         read_fields(BudgetRecord, value, r, where="memory budget", prefix="memory budget")
