@@ -11,7 +11,8 @@ from .autodiff.registry import RULES
 
 # kernel module -> the heading its ops are listed under by `edgetrain check --ops`, in this order
 _OP_GROUPS = {
-    "nn": "convolution and pooling",
+    "conv": "convolution and pooling",
+    "pool": "convolution and pooling",
     "math": "matrix products, normalization, reductions, softmax",
     "activations": "activations",
     "elementwise": "elementwise math, comparison and logic",

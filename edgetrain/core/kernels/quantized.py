@@ -18,7 +18,7 @@ import numpy as np
 from edgetrain.core.errors import ModelError, ShapeError, UnsupportedError
 from edgetrain.core.ops import MICROSOFT_DOMAIN, PRIVATE_DOMAIN
 
-from . import nn
+from . import conv
 from .registry import kernel
 
 F32 = np.float32
@@ -341,7 +341,7 @@ def _int_conv(op: str, x, w, x_zp, w_zp, attrs) -> np.ndarray:
     xc = _centered(op, "x", x, _scalar(op, "x's zero point", x_zp))
     per_m = lambda z: z.reshape((-1,) + (1,) * (w.ndim - 1)) if z.ndim == 1 and z.size > 1 else z.reshape(())  # noqa: E731
     wc = _centered(op, "w", w, w_zp, per_m)
-    return nn.conv(xc, wc, **attrs)
+    return conv.conv(xc, wc, **attrs)
 
 
 @kernel("ConvInteger")
