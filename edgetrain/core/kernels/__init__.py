@@ -25,10 +25,13 @@ MODULES = (
     "indexing",
     "math",
     "nn_grad",
+    "normalization",
     "pool",
     "quantized",
     "recurrent",
+    "reductions",
     "resize",
+    "softmax",
     "tensor",
     "transformer",
 )
