@@ -24,6 +24,8 @@ _OP_GROUPS = {
     "resize": "shape and layout",
     "cast": "shape and layout",
     "indexing": "gather, scatter and indexing",
+    "quantized": "quantized",
+    "qproducts": "quantized",
 }
 
 

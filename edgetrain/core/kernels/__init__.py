@@ -27,6 +27,8 @@ MODULES = (
     "nn_grad",
     "normalization",
     "pool",
+    "qcontrib",
+    "qproducts",
     "quantized",
     "recurrent",
     "reductions",
