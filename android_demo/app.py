@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 import edgetrain as et
-from edgetrain.core.container import atomic_write
+from edgetrain.core.atomic import atomic_write
 from edgetrain.runtime.feeding import DataOptions, open_feed
 from edgetrain.runtime.trainer import evaluate, session_batch
 from loaders import DataLoader, SampleStore

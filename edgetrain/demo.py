@@ -24,7 +24,7 @@ import numpy as np
 from loaders import DataLoader, MnistDataView
 from loaders.text import TokenWindowView, WordVocab
 
-from .core.container import atomic_write
+from .core.atomic import atomic_write
 from .core.errors import ConfigError, StorageError, UnsupportedError, UsageError
 from .derive.adapters import LoRA
 from .derive.losses import CrossEntropyLoss, NextTokenLoss

@@ -32,13 +32,13 @@ import pytest
 from models import MODELS, batch_for
 
 import edgetrain as et
+from edgetrain.core.atomic import remove_stale_temporaries
 from edgetrain.core.container import (
     ALIGN,
     KINDS,
     MAGIC,
     MAX_HEADER_BYTES,
     read_container,
-    remove_stale_temporaries,
     write_container,
 )
 from edgetrain.core.errors import (

@@ -19,8 +19,9 @@ import numpy as np
 from edgetrain.core import container
 from edgetrain.core import plan as plans
 from edgetrain.core.artifact_format import IO_KEYS, ZERO_STATE_PER_PARAMETER_BYTE
-from edgetrain.core.container import DTYPES, declared_nbytes, read_container
-from edgetrain.core.container import short as _short
+from edgetrain.core.container import read_container
+from edgetrain.core.declared import DTYPES, declared_nbytes
+from edgetrain.core.declared import short as _short
 from edgetrain.core.errors import ArtifactError, ArtifactLimitError, ConfigError
 from edgetrain.core.ir import Graph
 from edgetrain.core.plan import MemoryPlan, check_plan

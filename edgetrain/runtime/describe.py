@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from edgetrain.core.container import file_kind, read_container, short
+from edgetrain.core.container import file_kind, read_container
+from edgetrain.core.declared import short
 from edgetrain.core.errors import ArtifactError
 from edgetrain.graph.footprint import step_footprint
 

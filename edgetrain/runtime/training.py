@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from edgetrain.core import fastpaths
-from edgetrain.core.container import read_container, release_pages, short, write_container
+from edgetrain.core.container import read_container, write_container
+from edgetrain.core.declared import short
 from edgetrain.core.errors import (
     ArtifactError,
     ConfigError,
@@ -23,6 +24,7 @@ from edgetrain.core.errors import (
     UnsupportedError,
 )
 from edgetrain.core.interpreter import Interpreter, check_feeds
+from edgetrain.core.mapped import release_pages
 from edgetrain.graph.passes import make_static, prune
 from edgetrain.graph.prefix import split_step
 from edgetrain.graph.rebatch import apply_batch_plan, fixed_batch
