@@ -31,6 +31,7 @@ import numpy as np
 
 import edgetrain as et
 from edgetrain.core.atomic import atomic_write
+from edgetrain.graph.sections import QuantizedSection
 from edgetrain.runtime.feeding import DataOptions, open_feed
 from edgetrain.runtime.trainer import evaluate, session_batch
 from loaders import DataLoader, SampleStore
@@ -107,8 +108,8 @@ def _json_number(v: float | None) -> float | None:
 
 
 def _int8_form(sess: et.TrainingSession) -> str | None:
-    q = sess.artifact.quantized
-    return None if q is None else str(q["form"])
+    q = sess.record.section(QuantizedSection)
+    return None if q is None else q.form
 
 
 _QUANTIZERS = ("FakeQuantize", "QuantizeLinear", "DequantizeLinear")
@@ -257,7 +258,7 @@ class Home:
 
     def _model_input(self, sess: et.TrainingSession, x: np.ndarray) -> np.ndarray:
         """Raw samples [N, ...] -> the model's input, by the model's input pipeline (checked against it)."""
-        name = sess.artifact.io["data_inputs"][0]
+        name = sess.data_inputs[0]
         want = tuple(int(d) for d in sess.artifact.program.values[name].shape[1:])
         if not sess.preprocessing.declared and tuple(x.shape[1:]) == want:
             return x
@@ -273,7 +274,7 @@ class Home:
 
     def input_shape(self) -> tuple[int, ...]:
         sess = self._inference()
-        name = sess.artifact.io["data_inputs"][0]
+        name = sess.data_inputs[0]
         return tuple(int(d) for d in sess.artifact.program.values[name].shape[1:])
 
     @property
@@ -313,7 +314,7 @@ class Home:
         """Adds one labelled sample, raw (the model's input pipeline makes it the model's input, as for files);
         returns its id once it is committed."""
         sess = self._inference()
-        name = sess.artifact.io["data_inputs"][0]
+        name = sess.data_inputs[0]
         info = sess.artifact.program.values[name]
         try:
             x = self._model_input(sess, np.asarray(x)[None])[0]
@@ -407,7 +408,7 @@ class Home:
             sess.enable_feature_cache(int(mb * 2**20), rows=self._feature_rows)
         else:
             sess.disable_feature_cache("turned off (feature_cache_mb is 0)")
-        padding = sess.artifact.header.get("loss", {}).get("ignore_index") is not None
+        padding = sess.record.loss.ignore_index is not None
         need = 1 if padding else batch  # without padding, every step needs a whole batch
         with self.store() as store:
             train, val = store.split(self.settings["val_fraction"])
@@ -458,7 +459,7 @@ class Home:
         real = int(asked or self.settings["batch_size"] or batch)
         if real == batch:
             return batch, real
-        ignore = sess.artifact.header.get("loss", {}).get("ignore_index")
+        ignore = sess.record.loss.ignore_index
         if real > batch or real < 1 or ignore is None:
             raise AppError(
                 f"batch size {real}: this artifact trains batches of {batch}"
@@ -471,7 +472,7 @@ class Home:
 
     def _train(self, sess, loader, batch, max_steps, max_seconds, t0, progress) -> tuple[list[float], str]:
         losses: list[float] = []
-        ignore = sess.artifact.header.get("loss", {}).get("ignore_index")
+        ignore = sess.record.loss.ignore_index
         while len(losses) < max_steps:
             if max_seconds is not None and losses and time.perf_counter() - t0 >= max_seconds:
                 break

@@ -57,9 +57,7 @@ class TextHome(Home):
         vocab_path = KEYBOARD_VOCAB if vocab is None else vocab
         words_ = WordVocab.load(vocab_path)  # refuses anything but a vocabulary file
         sess = et.TrainingSession(artifact)
-        if sess.artifact.header.get("loss", {}).get("type") != "NextTokenLoss" or sess.num_classes != len(
-            words_
-        ):
+        if sess.record.loss.type != "NextTokenLoss" or sess.num_classes != len(words_):
             raise AppError(
                 f"{artifact} is not a next-word model of {vocab_path}'s {len(words_)} tokens "
                 "(convert a language model with NextTokenLoss)"

@@ -16,6 +16,7 @@ import numpy as np
 from edgetrain.core.atomic import atomic_write
 from edgetrain.core.container import inspect_container
 from edgetrain.core.errors import EdgeTrainError, RebatchError, StorageError, UsageError
+from edgetrain.graph.sections import AdaptersSection, QuantizedSection
 from edgetrain.runtime.describe import describe, summary
 from edgetrain.runtime.progress import duration, mb
 from loaders import InputPipeline, imageops
@@ -292,7 +293,7 @@ def run_export(args: argparse.Namespace) -> int:
     which = load_weights(sess, args.checkpoint, args.artifact)
     in_graph = not args.no_preprocessing_in_export
     requantize, float_model = getattr(args, "requantize", False), getattr(args, "float_model", False)
-    if (requantize or float_model) and sess.artifact.quantized is None:
+    if (requantize or float_model) and sess.record.section(QuantizedSection) is None:
         raise UsageError(
             f"--{'requantize' if requantize else 'float'} applies to an int8 model; '{args.artifact}' was converted "
             "from a float model"
@@ -303,12 +304,12 @@ def run_export(args: argparse.Namespace) -> int:
     )
     print(f"exported {args.output} ({mb(os.path.getsize(args.output))}) from {which}")
     _export_adapters(sess, args, adapters)
-    q = sess.artifact.quantized
+    q = sess.record.section(QuantizedSection)
     if q is not None:
-        form = "float (no quantization)" if float_model else f"int8, {q['form']} form as it came"
+        form = "float (no quantization)" if float_model else f"int8, {q.form} form as it came"
         scales = "new scales fitted to the trained weights" if requantize else "the model's scales"
         print(
-            f"  {form}; {len(q['weights'])} trained tensor(s) requantized with {scales}"
+            f"  {form}; {len(q.weights)} trained tensor(s) requantized with {scales}"
             if not float_model
             else f"  {form}"
         )
@@ -355,7 +356,7 @@ def run_export(args: argparse.Namespace) -> int:
 
 def _export_adapters(sess, args: argparse.Namespace, how: str) -> None:
     """Says how the adapters went into the export; writes --adapter-file."""
-    a = sess.artifact.adapters
+    a = sess.record.section(AdaptersSection)
     path = getattr(args, "adapter_file", None)
     if a is None:
         if path:
@@ -363,7 +364,7 @@ def _export_adapters(sess, args: argparse.Namespace, how: str) -> None:
                 f"--adapter-file: '{args.artifact}' has no adapters (convert with --lora-rank R)"
             )
         return
-    n = len(a["modules"])
+    n = len(a.modules)
     print(
         f"  {n} LoRA adapter(s) "
         + ("merged into the weights" if how == "merged" else "served: inputs with defaults")
@@ -377,7 +378,7 @@ def _export_adapters(sess, args: argparse.Namespace, how: str) -> None:
 def _random_batch(arg, sess):
     """A random batch the exported model accepts: of its own fixed batch, or 2 for a symbolic one; token ids are
     0 (a valid index whatever the vocabulary)."""
-    info = sess.artifact.program.values[sess.artifact.io["data_inputs"][0]]
+    info = sess.record.program.values[sess.data_inputs[0]]
     batch = arg.shape[0] if arg.shape and isinstance(arg.shape[0], int) else 2
     shape = (batch, *info.shape[1:])
     if np.dtype(info.dtype).kind != "f":

@@ -21,6 +21,7 @@ from edgetrain.core.atomic import atomic_write
 from edgetrain.core.errors import EdgeTrainError, UsageError
 from edgetrain.federated.common import model_bytes, no_adapters, partition
 from edgetrain.federated.deploy import APP_DIR, Deployment
+from edgetrain.graph.sections import AdaptersSection
 from edgetrain.runtime.feeding import DataOptions, open_feed
 from edgetrain.runtime.progress import duration, mb, percent
 from edgetrain.runtime.trainer import session_batch
@@ -123,7 +124,7 @@ def _clients(args: argparse.Namespace, sess, out: str) -> list[dict[str, Any]]:
 def run_federate(args: argparse.Namespace) -> int:
     _check(args)
     sess = open_session(args.artifact)
-    if getattr(args, "adapters_only", False) and not sess.artifact.adapters:
+    if getattr(args, "adapters_only", False) and sess.record.section(AdaptersSection) is None:
         raise UsageError(no_adapters(args.artifact))
     out = os.path.abspath(args.out)
     if os.path.exists(os.path.join(out, "summary.json")):

@@ -409,7 +409,7 @@ def _train_session(args: argparse.Namespace):
             f"starting a new run from the weights of {args.init_from} (step {sess.step} of its run)",
             file=sys.stderr,
         )
-        sess.lr = float(sess.artifact.header["optimizer"].get("lr", sess.lr))
+        sess.lr = sess.record.optimizer.lr
     if args.lr is not None:
         sess.lr = args.lr
     if args.threads is not None:

@@ -12,12 +12,28 @@ from typing import Any
 import numpy as np
 
 from edgetrain import __version__
-from edgetrain.core.artifact_format import IO_KEYS, program_id
 from edgetrain.core.container import write_container
 from edgetrain.core.ir import Graph
-from edgetrain.core.serialize import graph_to_dict
 from edgetrain.graph.memory import plan_memory
+from edgetrain.graph.quantized import QuantWeight
 from edgetrain.graph.rebatch import BatchPlan
+from edgetrain.graph.record import (
+    ArtifactRecord,
+    FusedRecord,
+    IORecord,
+    ProvenanceRecord,
+    loss_record,
+    optimizer_record,
+)
+from edgetrain.graph.sections import (
+    AdaptersSection,
+    BatchPlanSection,
+    ChannelsSection,
+    MemoryBudgetSection,
+    PreprocessingSection,
+    QuantizedSection,
+    Section,
+)
 
 from .autodiff import expand_body
 from .params import Roles
@@ -109,89 +125,72 @@ def save_artifact(art: TrainingArtifact, path: str | os.PathLike) -> int:
     return write_container(path, kind="artifact", header=header, tensors=tensors)
 
 
-def artifact_contents(
-    art: TrainingArtifact, *, fused_only: bool = False
-) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """The artifact file's header and tensors: the step planned (and the fused step, planned on its own), the
-    base graph, the initial state (zeros declared, not stored), and what the int8 export and adapters need.
-    fused_only: the whole step is not planned when there is a fused one (for its planned peak, not for a file)."""
+def artifact_record(art: TrainingArtifact, *, fused_only: bool = False) -> ArtifactRecord:
+    """The artifact's record (edgetrain.graph.record): the step planned (and the fused step, planned on its own),
+    the base graph, the initial state, the settings, and the rewrites' sections. fused_only: the whole step is not
+    planned when there is a fused one (for its planned peak, not for a file)."""
     program, plan = plan_memory(art.graph, reorder=not (fused_only and art.fused is not None))
-    prog_dict, tensors = graph_to_dict(program)
     fused = None
     if (
         art.fused is not None
     ):  # the step without its update nodes, planned on its own (see convert._fused_program)
         fprogram, fplan = plan_memory(art.fused["graph"])
-        fdict, ftensors = graph_to_dict(fprogram)
-        for name, arr in ftensors.items():
-            assert name not in tensors or np.array_equal(tensors[name], arr), f"tensor '{name}' differs"
-            tensors.setdefault(name, arr)
-        fused = {
-            "program": fdict,
-            "plan": fplan.to_dict(),
-            "gradients": art.fused["gradients"],
-            "state_roles": art.fused["state_roles"],
-        }
-    base_dict, base_tensors = graph_to_dict(art.base)
-    for name, arr in base_tensors.items():
-        if name in tensors:
-            assert np.array_equal(tensors[name], arr), (
-                f"tensor '{name}' differs between program and base graph"
-            )
-        tensors.setdefault(name, arr)
-    # Optimizer state that starts at zero (momentum, Adam's moments) is declared, not stored: for Adam that is
-    # two thirds of the file.
-    zeros = {
-        name: [arr.dtype.name, [int(d) for d in arr.shape]]
-        for name, arr in art.initial.items()
-        if name in art.state and name not in tensors and not np.any(arr)
+        roles = {name: tuple(role) for name, role in art.fused["state_roles"].items()}
+        fused = FusedRecord(program=fprogram, plan=fplan, gradients=art.fused["gradients"], state_roles=roles)
+    io = IORecord(**{f: tuple(v) if isinstance(v, list) else v for f, v in _io(art).items()})
+    return ArtifactRecord(
+        values=dict(art.initial),
+        sections=artifact_sections(art),
+        program_id="",
+        optimizer=optimizer_record(art.optimizer_config),
+        loss=loss_record(art.loss_config),
+        program=program,
+        base=art.base,
+        plan=plan,
+        io=io,
+        initial=(),
+        fused=fused,
+        provenance=ProvenanceRecord(**art.provenance),
+        edgetrain_version=__version__,
+    )
+
+
+def _io(art: TrainingArtifact) -> dict[str, Any]:
+    return {
+        "data_inputs": art.data_inputs,
+        "target": art.target,
+        "lr": art.lr,
+        "loss": art.loss,
+        "outputs": art.outputs,
+        "parameters": art.parameters,
+        "state": art.state,
+        "updates": art.updates,
     }
-    for name, arr in art.initial.items():
-        if name in zeros:
-            continue
-        tensors.setdefault(name, arr)
-        assert tensors[name] is arr or np.array_equal(tensors[name], arr), f"initial '{name}' differs"
-    io = {k: getattr(art, k) for k in IO_KEYS}
-    header = {
-        "edgetrain_version": __version__,
-        "program": prog_dict,
-        "program_id": program_id(prog_dict, io),
-        "plan": plan.to_dict(),
-        "base": base_dict,
-        "io": io,
-        "initial": [n for n in art.initial if n not in zeros],
-        "zeros": zeros,
-        "batch_plan": None if art.batch_plan is None else art.batch_plan.to_dict(),
-        "fused": fused,
-        "loss": art.loss_config,
-        "optimizer": art.optimizer_config,
-        "provenance": art.provenance,
-    }
+
+
+def artifact_sections(art: TrainingArtifact) -> dict[str, Section]:
+    """The sections of the rewrites applied at convert, by header key."""
+    sections: dict[str, Section] = {}
+    if art.batch_plan is not None:
+        sections["batch_plan"] = BatchPlanSection(art.batch_plan)
     if art.preprocessing is not None:
-        header["preprocessing"] = art.preprocessing
+        sections["preprocessing"] = PreprocessingSection(art.preprocessing)
     if art.adapters is not None:
-        header["adapters"] = {
-            "config": art.adapters["config"],
-            "modules": [m.to_dict() for m in art.adapters["modules"] if m.A in art.parameters],
-        }
+        modules = [m for m in art.adapters["modules"] if m.A in art.parameters]
+        sections["adapters"] = AdaptersSection(art.adapters["config"], modules)
     if art.quantized is not None and art.quantized_model is not None:
-        qdict, qtensors = graph_to_dict(art.quantized_model)
-        for name, arr in qtensors.items():
-            if name in tensors:
-                assert np.array_equal(tensors[name], arr), f"tensor '{name}' differs in the int8 model"
-            tensors.setdefault(name, arr)
         qheader, consts = art.quantized
-        for name, arr in consts.items():
-            assert name not in tensors or np.array_equal(tensors[name], arr), f"constant '{name}' differs"
-            tensors.setdefault(name, arr)
-        header["quantized"] = {**qheader, "model": qdict}
-    _choices(art, header)
-    return header, tensors
-
-
-def _choices(art: TrainingArtifact, header: dict[str, Any]) -> None:
-    """What convert chose for the user, into the header: the memory budget's options, the split layers."""
+        weights = [QuantWeight.from_dict(w) for w in qheader["weights"]]
+        sections["quantized"] = QuantizedSection(qheader["form"], weights, consts, art.quantized_model)
     if art.budget is not None:
-        header["memory_budget"] = art.budget
+        sections["memory_budget"] = MemoryBudgetSection(art.budget)
     if art.channels:
-        header["channels"] = [s.to_dict() for s in art.channels]
+        sections["channels"] = ChannelsSection(list(art.channels))
+    return sections
+
+
+def artifact_contents(
+    art: TrainingArtifact, *, fused_only: bool = False
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The artifact file's header and tensors (artifact_record, written)."""
+    return artifact_record(art, fused_only=fused_only).write()

@@ -35,7 +35,7 @@ from edgetrain.core.errors import ModelError, UnsupportedError
 from edgetrain.graph.footprint import FUSED_CHUNK, step_footprint
 from edgetrain.graph.recompute import LEVELS
 
-from .artifact import TrainingArtifact, artifact_contents
+from .artifact import TrainingArtifact, artifact_record
 from .channels import splittable
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
@@ -91,10 +91,10 @@ class Option:
 
 def planned_peak(art: TrainingArtifact) -> dict:
     """The planned peak of an artifact's training step, part by part, as `edgetrain inspect` will report it."""
-    header, tensors = artifact_contents(art, fused_only=True)
-    dtypes = {np.dtype(tensors[p].dtype) for p in art.parameters}
-    clipped = art.optimizer_config.get("clip_grad_norm") is not None and len(dtypes) > 1
-    return step_footprint(header, tensors, fused=art.fused is not None and not clipped, chunk=FUSED_CHUNK)
+    record = artifact_record(art, fused_only=True)
+    dtypes = {np.dtype(record.values[p].dtype) for p in art.parameters}
+    clipped = record.optimizer.clip_grad_norm is not None and len(dtypes) > 1
+    return step_footprint(record, fused=art.fused is not None and not clipped, chunk=FUSED_CHUNK)
 
 
 # (trainable, recompute level, chunks, channels) -> artifact or None
