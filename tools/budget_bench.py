@@ -42,11 +42,11 @@ from loaders import DataLoader, MnistDataView, imageops
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "edgetrain" / "data"
-BASE_DIGITS, NEW_USER = DATA / "digits", DATA / "newuser"  # as edgetrain/demo.py's BASE_DIGITS and NEW_USER
+BASE_DIGITS, NEW_USER = DATA / "digits", DATA / "newuser"  # as edgetrain.demo's BASE_DIGITS and NEW_USER
 CACHE = ROOT / "build" / "budget_bench"
 SEED = 0  # the demo's
 EPOCHS = 20  # the demo's default
-LR_ALL, LR_PART = 0.01, 0.05  # edgetrain/demo.py VARIANTS: full fine-tuning's rate, head-only's
+LR_ALL, LR_PART = 0.01, 0.05  # edgetrain/demo/digits.py VARIANTS: full fine-tuning's rate, head-only's
 MOMENTUM, WEIGHT_DECAY = 0.9, 5e-4  # the demo's SGD
 FRACTIONS = (2, 4, 8)  # the budgets: 1/2, 1/4, 1/8 of full fine-tuning's budgeted bytes
 LEAKS = ("onnx", "onnxruntime", "torch", "edgetrain.derive", "edgetrain.onnx_io")  # never in the worker
@@ -569,7 +569,7 @@ def write(out: Path, doc: dict) -> None:
         f"  user's digits shuffled with seed {s['seed']}, a checkpoint, the Trainer's defaults (its frozen-prefix",
         f"  feature cache among them); {s['optimizer']}; lr {s['lr_every_parameter']} when the weights of more than",
         f"  the last layer train and {s['lr_otherwise']} for the head and biases (the demo's rates for full and",
-        "  head-only fine-tuning, edgetrain/demo.py VARIANTS: head-only's, 5x, sends deeper weights far); one BLAS",
+        "  head-only fine-tuning, edgetrain.demo.VARIANTS: head-only's, 5x, sends deeper weights far); one BLAS",
         "  thread. The accuracies are the trained session's `run()` on the held-out and the original test digits.",
         "- **RSS growth: fine-tuning**: that process's VmHWM after training minus its VmHWM right after its imports",
         "  (the peak itself in brackets); it holds what the Trainer adds to the step (the feature cache's programs,",
