@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 import edgetrain as et
-from edgetrain.core.container import atomic_write
+from edgetrain.core.atomic import atomic_write
 from edgetrain.graph.sections import QuantizedSection
 from edgetrain.runtime.trainer import evaluate, session_batch
 from loaders import DataLoader, SampleStore

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 import edgetrain as et
-from edgetrain.core.container import atomic_write
+from edgetrain.core.atomic import atomic_write
 from edgetrain.runtime.trainer import session_batch
 from loaders import DataLoader
 from loaders.text import IGNORE_INDEX, SPECIALS, TokenWindowView, WordVocab, sentences, words

@@ -32,10 +32,10 @@ from crafting import container_bytes, encode
 from models import MODELS, batch_for
 
 import edgetrain as et
+from edgetrain.core.atomic import remove_stale_temporaries
 from edgetrain.core.container import (
     MAX_HEADER_BYTES,
     read_container,
-    remove_stale_temporaries,
     write_container,
 )
 from edgetrain.core.errors import (

@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from edgetrain.core.container import atomic_write, inspect_container
+from edgetrain.core.atomic import atomic_write
+from edgetrain.core.container import inspect_container
 from edgetrain.core.errors import EdgeTrainError, RebatchError, StorageError, UsageError
 from edgetrain.graph.sections import AdaptersSection, BatchPlanSection, QuantizedSection
 from edgetrain.runtime.describe import describe, summary

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from edgetrain.core.container import atomic_write
+from edgetrain.core.atomic import atomic_write
 from edgetrain.core.errors import EdgeTrainError, UsageError
 from edgetrain.federated.common import model_bytes, no_adapters, partition
 from edgetrain.federated.deploy import APP_DIR, Deployment

@@ -14,7 +14,7 @@ from typing import TextIO
 
 import numpy as np
 
-from ..core.container import atomic_write
+from ..core.atomic import atomic_write
 from ..core.errors import StorageError, UnsupportedError
 from ..runtime import TrainingSession
 from ..runtime.threads import blas_threads

@@ -36,7 +36,7 @@ from flwr.serverapp.strategy import (
 )
 from flwr.serverapp.strategy.strategy import Strategy
 
-from edgetrain.core.container import atomic_write
+from edgetrain.core.atomic import atomic_write
 from edgetrain.core.errors import ConfigError
 from edgetrain.graph.sections import AdaptersSection
 from edgetrain.runtime import TrainingSession

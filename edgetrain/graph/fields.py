@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from edgetrain.core.container import short
+from edgetrain.core.declared import short
 from edgetrain.core.errors import ArtifactError, ArtifactLimitError
 from edgetrain.core.ir import Graph
 from edgetrain.core.plan import MemoryPlan, check_plan

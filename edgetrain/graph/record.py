@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from edgetrain.core.container import DTYPES, declared_nbytes, short
+from edgetrain.core.declared import DTYPES, declared_nbytes, short
 from edgetrain.core.errors import ArtifactError, ArtifactLimitError
 from edgetrain.core.ir import Graph
 from edgetrain.core.plan import MemoryPlan

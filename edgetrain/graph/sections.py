@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from edgetrain.core.container import short
+from edgetrain.core.declared import short
 from edgetrain.core.errors import ConfigError
 from edgetrain.core.ir import Graph
 from edgetrain.core.serialize import graph_to_dict

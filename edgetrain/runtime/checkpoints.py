@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from edgetrain.core.container import read_container, short, write_container
+from edgetrain.core.container import read_container, write_container
+from edgetrain.core.declared import short
 from edgetrain.core.errors import ArtifactError, FeedError
 from edgetrain.graph.fields import (
     ADAPTERS_FAULT,

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from edgetrain.core.container import release_pages
 from edgetrain.core.errors import ArtifactError, ExecutionError, FeedError, NonFiniteError
 from edgetrain.core.interpreter import Interpreter
+from edgetrain.core.mapped import release_pages
 from edgetrain.graph.passes import make_static, prune
 from edgetrain.graph.prefix import split_step
 from edgetrain.graph.rebatch import fixed_batch
