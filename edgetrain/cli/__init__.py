@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from edgetrain.core.errors import EdgeTrainError, UsageError
 
+from .options import debug_option
 from .parser import build_parser, convert_arguments
 
 
@@ -69,7 +70,7 @@ def convert_main(argv: Sequence[str] | None = None) -> int:
         prog="convert-inference-model",
         description="ONNX inference model -> training artifact (.etrain); the same as `edgetrain convert`.",
     )
-    parser.add_argument("--debug", action="store_true", help="show the full traceback on errors")
+    debug_option(parser)
     convert_arguments(parser)
     args = parser.parse_args(argv)
     return _run(parser, args, "convert-inference-model")
