@@ -272,7 +272,7 @@ class TrainConfig:
         given = {dest: getattr(args, dest) for dest in (*RECORDED, *CARRIED)}
         resumed: dict[str, Any] = {}
         if args.resume:
-            given, resumed = _resumed_options(args, given, checkpoint)
+            given, resumed = _resumed_options(args.artifact, given, checkpoint)
         options = {
             dest: default if given[dest] is None else given[dest] for dest, default in RECORDED.items()
         }
@@ -315,7 +315,7 @@ def _check_start(args: argparse.Namespace, checkpoint: str) -> None:
 
 
 def _resumed_options(
-    args: argparse.Namespace, given: dict[str, Any], checkpoint: str
+    artifact: str, given: dict[str, Any], checkpoint: str
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """--resume: (the options given, with what the checkpoint's run recorded filled in; its trainer settings)."""
     state = inspect_container(checkpoint)["header"].get("user_state", {})
@@ -343,7 +343,7 @@ def _resumed_options(
         raise ConfigError(
             f"--resume: the run in {checkpoint} trained on {data}, which is not there any more: put it back "
             f"(or give its new place with --data), or train on other data from the run's weights: "
-            f"edgetrain train {args.artifact} --data NEW --init-from {checkpoint}"
+            f"edgetrain train {artifact} --data NEW --init-from {checkpoint}"
         )
     settings = state.get("settings") or {}
     return options, {**settings, "step": state.get("step", 0), "epoch": state.get("epoch", 0)}
