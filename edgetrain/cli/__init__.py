@@ -5,7 +5,9 @@
 
 convert, check, export and demo need onnx (the build side, edgetrain.cli.build); train, eval (edgetrain.cli.train)
 and inspect (in edgetrain.cli.build, which imports the build side only when a command needs it) run with numpy alone.
-The grammar is edgetrain.cli.parser; a command's module is imported only when the command runs.
+The grammar is edgetrain.cli.parser, with the option groups of edgetrain.cli.options; a command's module is imported
+only when the command runs, and reads the arguments into a typed configuration (edgetrain.cli.config, federate_config,
+build_config) before anything else.
 """
 
 from __future__ import annotations

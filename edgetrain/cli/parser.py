@@ -1,5 +1,7 @@
-"""The `edgetrain` command line's grammar (argparse only): a function per command adds its subparser and arguments,
-and the function that runs the command, which imports the command's module only when the command runs. So
+"""The `edgetrain` command line's grammar (argparse only): a function per command adds its subparser, its own
+arguments and the option groups it shares with other commands (edgetrain.cli.options), and the function that runs
+the command, which imports the command's module only when the command runs; that module reads the arguments into
+its typed configuration (edgetrain.cli.config, federate_config, build_config) first. So
 `edgetrain --help` loads nothing of the runtime, and each command loads only what it needs: train and eval numpy,
 loaders and the runtime; convert the converter; federate Flower's launcher."""
 
