@@ -150,7 +150,9 @@ def test_a_budgeted_artifact_fits_its_budget_and_trains_what_check_announced(bud
     x, y = batch_for("lenet", BATCH)
     losses, params = _run(tmp_path / "budget.etrain", x, y, steps=5)
     assert losses[-1] < losses[0]
-    split = {s.weight: s for s in getattr(art.section(ChannelsSection), "splits", [])}  # on first input channels
+    split = {
+        s.weight: s for s in getattr(art.section(ChannelsSection), "splits", [])
+    }  # on first input channels
     frozen = [p for p in full.parameters if p not in art.parameters]
     sess = et.TrainingSession(tmp_path / "budget.etrain")
     sess.train_step(x, y)
