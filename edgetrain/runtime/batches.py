@@ -153,3 +153,49 @@ def _as_target(y: np.ndarray, shape: tuple) -> np.ndarray:
     if same_batch and y.shape != shape and _past_batch(y.shape) == _past_batch(shape):
         return y.reshape(shape)
     return y
+
+
+# ---- the input pipeline ------------------------------------------------------------------------------------------
+def undeclared_pipeline(record: ArtifactRecord) -> Any:
+    """The input pipeline of an artifact that declares none: the model's input dtype, nothing else."""
+    from loaders import InputPipeline  # start-up: a session of a model without one loads no loaders
+
+    names = record.io.data_inputs
+    dtype = np.dtype(record.program.values[names[0]].dtype).name if len(names) == 1 else "float32"
+    return InputPipeline(dtype=dtype)
+
+
+def replaced_pipeline(own: Any, pipeline: Any, path: str) -> Any:
+    """The pipeline a session is given (an InputPipeline or its JSON) in place of its own, which may not change
+    the model's input dtype, nor replace a pipeline the artifact declares."""
+    if not isinstance(pipeline, type(own)):
+        pipeline = type(own).from_json(pipeline, source="preprocessing")
+    if pipeline.dtype != own.dtype:
+        raise FeedError(
+            f"the input pipeline makes {pipeline.dtype} values, but the model's input takes {own.dtype}"
+        )
+    if own.declared and pipeline != own:
+        raise FeedError(
+            f"'{path}' declares its input pipeline ({own.describe()}), set when it was converted; another "
+            f"({pipeline.describe()}) would feed the model other values than it was converted for: convert again "
+            "with the preprocessing options you want"
+        )
+    return pipeline
+
+
+def preprocess(record: ArtifactRecord, pipeline: Any, x: Any, *, allow_cast: bool, source: str) -> np.ndarray:
+    """Raw samples [N, ...] -> the model's input by the pipeline (TrainingSession.preprocess)."""
+    from loaders import adapt_samples  # start-up: loaded by the sessions that meet raw data
+    from loaders.pipeline import array_facts  # start-up: as above
+
+    x = np.asarray(x)
+    names = record.io.data_inputs
+    if len(names) != 1:
+        raise FeedError(f"preprocess takes one-input models; this one has {len(names)} ({', '.join(names)})")
+    want = tuple(int(d) for d in record.program.values[names[0]].shape[1:])
+    if x.ndim < 1:
+        raise FeedError(f"{source}: a batch [N, ...] is needed, got a scalar")
+    input_cast(names[0], x.dtype, pipeline.dtype, allow_cast=allow_cast, pipeline=pipeline, values=x)
+    adapter = adapt_samples(x.shape[1:], want, layout=pipeline.layout, source=source)
+    pipeline.check(array_facts(x, source))
+    return pipeline.preprocess(adapter)(x, np.zeros(len(x)))[0]

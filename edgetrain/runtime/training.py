@@ -9,7 +9,6 @@ asking which kinds they are."""
 
 from __future__ import annotations
 
-import math
 import os
 import tempfile
 from collections.abc import Mapping
@@ -17,20 +16,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from edgetrain.core.errors import ArtifactError, ExecutionError, FeedError, NonFiniteError
+from edgetrain.core.errors import ArtifactError, FeedError, NonFiniteError
 from edgetrain.core.interpreter import Interpreter
 from edgetrain.core.mapped import release_pages
-from edgetrain.graph.passes import make_static, prune
 from edgetrain.graph.prefix import split_step
-from edgetrain.graph.rebatch import fixed_batch
-from edgetrain.graph.sections import PreprocessingSection, RunView
+from edgetrain.graph.sections import PreprocessingSection
 
-from . import checkpoints, exporting
+from . import batches, checkpoints, exporting, steps
 from .artifact import load_artifact
 from .batches import BatchFeeder
 from .feature_cache import DEFAULT_MAX_BYTES, StepCache
-from .fused import FusedOptimizer, finite, fusable, usable
-from .session import input_cast
+from .fused import FusedOptimizer, finite, fusable
+from .running import ModelRunner
 from .threads import apply_threads
 
 if TYPE_CHECKING:  # loaders loads when a session meets an input pipeline, not with every session
@@ -95,8 +92,7 @@ class TrainingSession:
         self._unbound = [(p, n) for p, n in self._grad_of.items() if n not in self._bind or n not in made]
         self._lr = self.record.optimizer.lr
         self.step = 0
-        self._eval_program: Interpreter | None = None
-        self._run_programs: dict[tuple, Interpreter] = {}
+        self._runner = ModelRunner(self.record)
         declared = self.record.section(PreprocessingSection)
         self._pipeline = None if declared is None else declared.pipeline
         tag = f"{art.program_id}:{'fused' if self._fused is not None else 'graph'}"
@@ -164,52 +160,21 @@ class TrainingSession:
         `edgetrain train`/`eval`, the phone app and the fleet's clients apply it to their data; export_onnx writes it
         into the exported model."""
         if self._pipeline is None:
-            from loaders import InputPipeline  # start-up: a session of a model without one loads no loaders
-
-            names = self._io.data_inputs
-            info = self.record.program.values[names[0]]
-            self._pipeline = InputPipeline(dtype=np.dtype(info.dtype).name if len(names) == 1 else "float32")
+            self._pipeline = batches.undeclared_pipeline(self.record)
         return self._pipeline
 
     @preprocessing.setter
     def preprocessing(self, pipeline: InputPipeline | Mapping[str, Any]) -> None:
-        own = self.preprocessing
-        if not isinstance(pipeline, type(own)):
-            pipeline = type(own).from_json(pipeline, source="preprocessing")
-        if pipeline.dtype != own.dtype:
-            raise FeedError(
-                f"the input pipeline makes {pipeline.dtype} values, but the model's input takes {own.dtype}"
-            )
-        if own.declared and pipeline != own:
-            raise FeedError(
-                f"'{self.artifact.path}' declares its input pipeline ({own.describe()}), set when it "
-                f"was converted; another ({pipeline.describe()}) would feed the model other values than it was "
-                f"converted for: convert again with the preprocessing options you want"
-            )
-        self._pipeline = pipeline
+        self._pipeline = batches.replaced_pipeline(self.preprocessing, pipeline, self.artifact.path)
 
     def preprocess(self, x: Any, *, source: str = "the samples") -> np.ndarray:
         """Raw samples [N, ...] (camera bytes, 0-255 pixels) -> the model's input, by the input pipeline, checked
         against it (a DataError says what contradicts it). Without a declared pipeline the samples are only fitted
         to the model's input shape and dtype; integers or bools for a float input are then refused unless
         allow_cast (see the class's docstring)."""
-        from loaders import adapt_samples  # start-up: loaded by the sessions that meet raw data
-        from loaders.pipeline import array_facts  # start-up: as above
-
-        pipeline = self.preprocessing
-        x = np.asarray(x)
-        names = self._io.data_inputs
-        if len(names) != 1:
-            raise FeedError(
-                f"preprocess takes one-input models; this one has {len(names)} ({', '.join(names)})"
-            )
-        want = tuple(int(d) for d in self.record.program.values[names[0]].shape[1:])
-        if x.ndim < 1:
-            raise FeedError(f"{source}: a batch [N, ...] is needed, got a scalar")
-        input_cast(names[0], x.dtype, pipeline.dtype, allow_cast=self.allow_cast, pipeline=pipeline, values=x)
-        adapter = adapt_samples(x.shape[1:], want, layout=pipeline.layout, source=source)
-        pipeline.check(array_facts(x, source))
-        return pipeline.preprocess(adapter)(x, np.zeros(len(x)))[0]
+        return batches.preprocess(
+            self.record, self.preprocessing, x, allow_cast=self.allow_cast, source=source
+        )
 
     # ---- the interface -----------------------------------------------------------------------------------------
     @property
@@ -291,65 +256,18 @@ class TrainingSession:
         feeds = self._feeds(x, y)
         out = self._cache.run(feeds)
         results = dict(zip(self._step_program.graph.outputs, out))
-        loss = _scalar(results[self._io.loss], self._io.loss)
+        loss = steps.loss_value(results[self._io.loss], self._io.loss)
         if self._fused is not None:
-            return self._fused_step(loss, results)
-        updates, params = self._io.updates, set(self._io.parameters)
-        bad = [] if math.isfinite(loss) else list(updates)  # a non-finite loss poisons every update
-        bad = bad or [
-            n
-            for n, new in updates.items()
-            if not (usable(results[new]) if n in params else finite(results[new]))
-        ]
-        if bad:
-            raise NonFiniteError(
-                self._non_finite_message(loss, bad), loss=loss, step=self.step + 1, values=bad
-            )
-        for name, new in updates.items():
-            self._values[name] = results[new]
+            pairs = self._unbound if self._lean_feeds is not None else self._grad_of.items()
+            steps.fused_update(self._fused, results, pairs, self._lr, loss, self._refuse)
+            self._values = self._fused.values()
+        else:
+            self._values.update(steps.graph_updates(results, self._io, loss, self._refuse))
         self.step += 1
         return loss
 
-    def _fused_step(self, loss: float, results: dict[str, np.ndarray]) -> float:
-        if not math.isfinite(loss):
-            bad = list(self._io.updates)
-            raise NonFiniteError(
-                self._non_finite_message(loss, bad), loss=loss, step=self.step + 1, values=bad
-            )
-        grads = self._fused.gradients()
-        # a gradient the program did not write into its view (a constant); the bound ones it always writes there
-        for p, name in self._unbound if self._lean_feeds is not None else self._grad_of.items():
-            r = results.get(name)
-            if r is not None and r is not grads[p]:
-                if np.shape(r) != grads[p].shape:  # the program computed other than it declared
-                    raise ExecutionError(
-                        f"the step's gradient '{name}' of '{p}' has shape {list(np.shape(r))}, but the parameter "
-                        f"has {list(grads[p].shape)}: the artifact's program does not compute what it declares; "
-                        "convert the model again"
-                    )
-                np.copyto(grads[p], r)
-        bad = self._fused.update(self._lr)
-        if bad:
-            raise NonFiniteError(
-                self._non_finite_message(loss, bad), loss=loss, step=self.step + 1, values=bad
-            )
-        self._values = self._fused.values()
-        self.step += 1
-        return loss
-
-    def _non_finite_message(self, loss: float, bad: list[str]) -> str:
-        what = (
-            f"the loss is {loss}"
-            if not math.isfinite(loss)
-            else f"the loss {loss:.4g} is finite, but the updated value of '{bad[0]}'"
-            + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")
-            + " is not finite, or so large that the next step would overflow"
-        )
-        return (
-            f"training step {self.step + 1}: {what} (learning rate {self._lr:g}); nothing was committed: the "
-            "parameters and optimizer state are those before the step. Lower the learning rate, clip the gradient "
-            "norm (convert with clip_grad_norm= / --clip-grad-norm), or check the batch for non-finite values"
-        )
+    def _refuse(self, loss: float, bad: list[str]) -> NonFiniteError:
+        return steps.non_finite(self.step + 1, self._lr, loss, bad or list(self._io.updates))
 
     # ---- the feature cache ---------------------------------------------------------------------------------------
     def enable_feature_cache(self, max_bytes: int | None = None, *, rows: Any = None) -> dict[str, Any]:
@@ -384,62 +302,13 @@ class TrainingSession:
     # ---- inference ---------------------------------------------------------------------------------------------
     def evaluate(self, x: Any, y: Any) -> tuple[float, np.ndarray]:
         """(loss, model output) on a batch, without updating anything."""
-        if self._eval_program is None:
-            keep = [self._io.loss] + list(self._io.outputs)
-            from edgetrain.graph.memory import planned_interpreter  # start-up: the planner loads on first use
-
-            self._eval_program = planned_interpreter(
-                prune(self.record.program.copy(outputs=keep)), lean=False
-            )
-        feeds = self._feeds(x, y)
-        prog = self._eval_program
-        feeds = {k: v for k, v in feeds.items() if k in prog.graph.inputs}
-        loss, output, *_ = prog.run(feeds)
-        return float(loss), output
+        return self._runner.evaluate(self._feeds(x, y))
 
     def run(self, x: Any) -> np.ndarray:
         """The model's (first) output with the current parameters; any batch size. An int8 model runs as it
         exports: its integer graph, the trained weights requantized (onnxruntime gives the same to the bit)."""
         data = self._data(x, fixed_batch=False)
-        key = tuple(np.shape(v) for v in data.values())
-        view = RunView(self.record.base, {p: self._values[p] for p in self._io.parameters})
-        for s in self.record.sections.values():
-            view = s.run_model(view, self.record.sections)
-        values = view.values
-        prog = self._run_programs.get(key)
-        if prog is None:
-            base = self._at_batch(view.graph, data)
-            # Trainable parameters become inputs, so folding cannot bake the initial values in.
-            g = base.copy(
-                inputs=list(base.inputs) + sorted(values),
-                initializers={k: v for k, v in base.initializers.items() if k not in values},
-            )
-            shapes = {**{k: np.shape(v) for k, v in data.items()}, **{p: v.shape for p, v in values.items()}}
-            g = make_static(g, shapes=shapes)
-            from edgetrain.graph.memory import planned_interpreter  # start-up: the planner loads on first use
-
-            prog = self._run_programs[key] = planned_interpreter(g, lean=False)
-        feeds = {**data, **{p: values[p] for p in prog.graph.inputs if p in values}}
-        return prog.run(feeds)[0]
-
-    def _at_batch(self, base, data: Mapping[str, np.ndarray]):
-        """The inference graph at the batch of `data`: a model exported with a fixed batch is moved to it by a
-        section that can (the batch plan conversion found and checked); without one, it runs at its own batch."""
-        found = fixed_batch(base)
-        if found is None:
-            return base
-        names, b0 = found
-        batch = int(np.shape(data[names[0]])[0]) if np.ndim(data[names[0]]) else b0
-        if batch == b0:
-            return base
-        for s in self.record.sections.values():
-            moved = s.at_batch(base, batch)
-            if moved is not None:
-                return moved
-        raise FeedError(
-            f"the model was exported with a fixed batch of {b0} (input '{names[0]}' {base.values[names[0]]}); "
-            f"run it on batches of {b0}, or convert it with --batch-size N to train and run at another batch"
-        )
+        return self._runner.run(data, {p: self._values[p] for p in self._io.parameters})
 
     # ---- state -------------------------------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
@@ -539,16 +408,3 @@ class TrainingSession:
         """Puts in the adapters export_adapters wrote (of an artifact of the same program)."""
         for k, v in exporting.read_adapter_values(self.record, path, source=self.artifact.path).items():
             self._assign(k, v)
-
-
-def _scalar(value: np.ndarray, name: str) -> float:
-    """The step's loss as a float: one element, or an ExecutionError (a program that computes other than it
-    declares; load_artifact refuses every declaration that could, but a node's arithmetic is only known by running
-    it)."""
-    a = np.asarray(value)
-    if a.size != 1 or a.dtype.kind not in "fiu":
-        raise ExecutionError(
-            f"the step's loss '{name}' came out as {a.dtype} of shape {list(a.shape)}, not one number: the "
-            "artifact's program does not compute what it declares; convert the model again"
-        )
-    return float(a.reshape(()))
