@@ -33,6 +33,7 @@ from edgetrain.graph.fields import (
     Text,
     read_fields,
     spec,
+    to_json,
 )
 
 from .fused import finite
@@ -127,15 +128,16 @@ def write_checkpoint(
         raise ArtifactError(
             f"refusing to write checkpoint '{path}': '{bad[0] if bad else 'lr'}' is not finite"
         )
-    header = {
-        "program_id": program_id,
-        "step": step,
-        "lr": lr,
-        "user_state": user,
-        "artifact": os.path.basename(artifact),
-    }
-    if preprocessing is not None:  # how the data was fed: eval and export apply it
-        header["preprocessing"] = preprocessing
+    record = CheckpointRecord(
+        program_id=program_id,
+        artifact=os.path.basename(artifact),
+        step=step,
+        lr=lr,
+        user_state=user,
+        preprocessing=preprocessing,  # how the data was fed: eval and export apply it
+    )
+    header = to_json(record, skip_defaults=True)
+    header.setdefault("user_state", user)  # always written, {} too
     return write_container(path, kind="checkpoint", header=header, tensors=values)
 
 
