@@ -153,7 +153,8 @@ def test_every_field_of_the_record_is_refused_broken_naming_itself(artifacts, tm
     assert not accepted, "accepted broken headers:\n" + "\n".join(accepted[:20])
     assert not unnamed, "refusals that do not name the field:\n" + "\n".join(unnamed[:20])
     every = {(cls.__name__, f.name) for cls in _records(ArtifactRecord) for f in spec_fields(cls)}
-    every |= {(cls.__name__, key) for key, cls in SECTIONS.items()}
+    # edgetrain's own sections (a test's toy rewrite registers one of its own, which no artifact here holds)
+    every |= {(cls.__name__, key) for key, cls in SECTIONS.items() if cls.__module__.startswith("edgetrain.")}
     assert every <= covered, f"fields no artifact here breaks: {sorted(every - covered)}"
 
 
