@@ -13,7 +13,7 @@ import pytest
 from models import MODELS
 
 import edgetrain as et
-from edgetrain.runtime import trainer as trainer_module
+from edgetrain.runtime import run_record
 from edgetrain.runtime.trainer import Trainer
 from loaders import ArrayDataView, DataLoader
 
@@ -194,7 +194,7 @@ def test_cli_log_on_a_full_disk_names_the_file(mlp_path, tmp_path):
 
 def test_field_reader_accepts_what_a_trainer_writes():
     state = {"epoch": 3, "best": None, "loss_sum": 1.25, "history": []}
-    f = trainer_module._field
+    f = run_record._field
     assert f(state, "epoch", int, "w") == 3 and f(state, "loss_sum", float, "w") == 1.25
     assert f(state, "best", float, "w", none=True) is None and f(state, "history", list, "w") == []
     assert f(state, "best_epoch", int, "w", none=True, default=None) is None

@@ -310,7 +310,8 @@ def test_a_constant_equal_to_a_one_valued_parameter_is_not_refolded():
     """Only a parameter with at least two distinct values identifies a folded copy: zeros stay zeros even when a
     bias is all zeros."""
     from edgetrain.core.ir import Graph, Node, TensorInfo
-    from edgetrain.derive.params import find_roles, refold_copies
+    from edgetrain.derive.params import find_roles
+    from edgetrain.derive.ties import refold_copies
 
     f32 = np.float32
     inits = {

@@ -27,8 +27,9 @@ from edgetrain.core.ir import Graph, GraphBuilder, Node, TensorInfo
 from edgetrain.graph.adapters import LoraModule
 from edgetrain.graph.sections import AdaptersSection
 
-from .params import PARAMETER, Role, Roles, _generated, _matches, select_trainable
+from .params import PARAMETER, Role, Roles, _matches, select_trainable
 from .rewrite import Conversion, Rewrite
+from .ties import _generated
 
 F32 = np.float32
 LINEAR = ("MatMul", "Gemm")

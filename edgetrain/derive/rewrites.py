@@ -25,9 +25,10 @@ from edgetrain.graph.sections import BatchPlanSection, ChannelsSection, Preproce
 
 from .channels import split as split_layers
 from .manifest import read_manifest
-from .params import apply_manifest, find_roles, refold_copies, tie_copies, untie_merged
+from .params import apply_manifest, find_roles
 from .preprocessing import declared_pipeline
 from .rewrite import Conversion, Rewrite
+from .ties import refold_copies, tie_copies, untie_merged
 
 
 class Int8(Rewrite):

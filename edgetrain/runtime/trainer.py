@@ -2,6 +2,9 @@
 history, crash-safe checkpoints with exact resume, a non-finite-loss guard, early stopping, and a stop on request
 (request_stop: an app leaving, a signal the command line caught) that saves the step it stopped at.
 
+What the run records (the checkpoint's trainer position, resume, the history file) is its base class RunRecord
+(run_record.py); evaluate and session_batch live in evaluation.py and are importable from here too.
+
 Device side: numpy, loaders and edgetrain.runtime only (never onnx).
 """
 
@@ -11,17 +14,16 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
-from edgetrain.core.errors import ArtifactError, ConfigError, MissingFileError, NonFiniteError, StorageError
-from loaders import DataLoader, fingerprint
+from edgetrain.core.errors import ConfigError, NonFiniteError
+from loaders import DataLoader
 
 from . import TrainingSession
+from .evaluation import evaluate, session_batch
+from .run_record import RunRecord
 from .schedules import ConstantLR, CosineLR, ILRSchedule, StepLR, WarmupLR, schedule_from_config
 
 __all__ = [
@@ -36,58 +38,6 @@ __all__ = [
     "schedule_from_config",
     "session_batch",
 ]
-
-
-def _sample_loss_sum(session: TrainingSession, loss: float, n: int) -> float:
-    """The sum of per-sample losses behind a batch loss of n samples."""
-    return loss * n if session.record.loss.reduction == "mean" else loss
-
-
-def session_batch(session: TrainingSession) -> int | None:
-    """The batch size the artifact's training program was built for (None when it is symbolic)."""
-    return session.batch_size
-
-
-def evaluate(
-    session: TrainingSession,
-    loader: DataLoader,
-    *,
-    classification: bool = True,
-    on_batch: Callable[[np.ndarray, np.ndarray], None] | None = None,
-) -> tuple[float, float | None]:
-    """(mean loss per sample, accuracy or None) of the session's current parameters over one pass of `loader`,
-    with inference semantics. on_batch(outputs, targets) sees each batch's model outputs (e.g. to tally
-    predictions per class).
-
-    A short last batch is padded with copies of its first sample; the padding's share of the loss is taken
-    off using the loss of a batch made of that sample alone (exact for mean and sum reductions)."""
-    total, correct, n = 0.0, 0, 0
-    batch = session_batch(session)
-    for x, y in loader:
-        k = len(x)
-        b = batch or k
-        if k < b:
-            pad = b - k
-            xp = np.concatenate([x, np.repeat(x[:1], pad, axis=0)])
-            yp = np.concatenate([y, np.repeat(y[:1], pad, axis=0)])
-            loss, out = session.evaluate(xp, yp)
-            first, _ = session.evaluate(np.repeat(x[:1], b, axis=0), np.repeat(y[:1], b, axis=0))
-            s = _sample_loss_sum(session, loss, b) - pad * _sample_loss_sum(session, first, b) / b
-            out = out[:k]
-        else:
-            loss, out = session.evaluate(x, y)
-            s = _sample_loss_sum(session, loss, k)
-        total += s
-        n += k
-        if on_batch is not None:
-            on_batch(out, y)
-        if classification:
-            # [k, C, 1, 1] scores give [k, 1, 1] predictions: compared one per sample, as labels [k] or [k, 1, 1]
-            predicted = np.argmax(out, axis=1).reshape(k, -1)[:, 0]
-            correct += int(np.sum(predicted == np.asarray(y).reshape(k, -1)[:, 0]))
-    if n == 0:
-        return float("nan"), None
-    return total / n, (correct / n if classification else None)
 
 
 # ---- the trainer ----------------------------------------------------------------------------------------------
@@ -111,7 +61,7 @@ class TrainResult:
 _METRICS = {"val_loss": "min", "val_accuracy": "max"}
 
 
-class Trainer:
+class Trainer(RunRecord):
     """Runs `epochs` epochs of `session` over `train_loader`.
 
     Each step takes the learning rate from `schedule` (steps counted from 0 over the whole run; the base rate
@@ -267,51 +217,6 @@ class Trainer:
         self._run_seconds = {"train": 0.0, "val": 0.0}  # of the current fit() call
         self._cache_hits = self.session.feature_cache_info().get("hits", 0)
 
-    def _user_state(self) -> dict[str, Any]:
-        return {
-            "trainer": 1,
-            "loader": self.train_loader.state(),
-            "val_loader": None if self.val_loader is None else self.val_loader.state(),
-            "epoch": self.epoch,
-            "step": self.step,
-            "best": self.best,
-            "best_epoch": self.best_epoch,
-            "bad_epochs": self.bad_epochs,
-            "history": self.history,
-            "loss_sum": self._loss_sum,
-            "loss_n": self._loss_n,
-            "base_lr": self.base_lr,
-            "metric": self.metric,
-            "settings": self.settings(),
-            "run_options": self.run_options,
-        }
-
-    def settings(self) -> dict[str, Any]:
-        """What makes this run this run (JSON values): schedule, epochs, base lr, batching, shuffling, early
-        stopping, and fingerprints of the data. Checkpoints record it; resume() refuses a trainer that differs."""
-
-        t = self.train_loader
-        return {
-            "schedule": self.schedule.config(),
-            "epochs": self.epochs,
-            "base_lr": self.base_lr,
-            "batch_size": t.batch_size,
-            "shuffle": t.shuffle,
-            "drop_last": t.drop_last,
-            "seed": t.seed,
-            "early_stopping": self.early_stopping,
-            "data": fingerprint(t.view),
-            "val_data": None if self.val_loader is None else fingerprint(self.val_loader.view),
-        }
-
-    def save_checkpoint(self) -> None:
-        """Writes the session and the trainer's position to the checkpoint path (atomically)."""
-        if self.checkpoint is None:
-            raise ConfigError("this trainer has no checkpoint path")
-        with self._files():
-            self.session.save_checkpoint(self.checkpoint, user_state=self._user_state())
-        self.saved_step = self.step
-
     def request_stop(self, reason: str = "stop requested") -> None:
         """Asks fit() to stop at the next step boundary, e.g. when the user leaves the app or presses Ctrl-C.
 
@@ -321,101 +226,6 @@ class Trainer:
         from another thread or a signal handler: it only sets a flag. A request made before fit() starts stops
         it at once."""
         self._stop_reason = str(reason)
-
-    @property
-    def writing(self) -> bool:
-        """Whether a checkpoint or history line is being written at this instant (a signal handler that would
-        end the process should let it finish: the files stay whole either way, but the step is kept)."""
-        return self._writing > 0
-
-    @contextmanager
-    def _files(self) -> Iterator[None]:
-        self._writing += 1
-        try:
-            yield
-        finally:
-            self._writing -= 1
-
-    def resume(self) -> None:
-        """Loads the checkpoint: session parameters and optimizer state, loader positions and counters."""
-        if self.checkpoint is None:
-            raise ConfigError("resume needs a checkpoint path")
-        if not os.path.exists(self.checkpoint):
-            raise MissingFileError(
-                f"no checkpoint to resume from at '{self.checkpoint}'", path=self.checkpoint, errno=2
-            )
-        state = self.session.load_checkpoint(self.checkpoint)
-        where = f"checkpoint '{self.checkpoint}'"
-        if not isinstance(state, dict) or state.get("trainer") != 1:
-            raise ConfigError(
-                f"checkpoint '{self.checkpoint}' was not written by a Trainer (its user_state has no trainer "
-                "position); load it with TrainingSession.load_checkpoint instead"
-            )
-        settings = state.get("settings")
-        if settings is not None and not isinstance(settings, dict):
-            raise ArtifactError(
-                f"{where}: its trainer settings are {type(settings).__name__}, not a JSON object"
-            )
-        self._check_settings(settings)
-        try:
-            self.train_loader.restore(state["loader"])
-            if self.val_loader is not None and state.get("val_loader") is not None:
-                self.val_loader.restore(state["val_loader"])
-        except KeyError:
-            raise ArtifactError(f"{where}: its trainer position has no 'loader' entry") from None
-        except ValueError as e:
-            raise ConfigError(
-                f"checkpoint '{self.checkpoint}' continues a run over other data ({e}); resume with the "
-                f"data, validation split and batch size of the run that wrote it"
-            ) from e
-        self.epoch, self.step = _field(state, "epoch", int, where), _field(state, "step", int, where)
-        self.best = _field(state, "best", float, where, none=True)
-        self.best_epoch = _field(state, "best_epoch", int, where, none=True, default=None)
-        self.bad_epochs = _field(state, "bad_epochs", int, where)
-        self.history = _field(state, "history", list, where)
-        self._loss_sum, self._loss_n = (
-            _field(state, "loss_sum", float, where),
-            _field(state, "loss_n", int, where),
-        )
-        self.base_lr = _field(state, "base_lr", float, where)
-        self._epoch_seconds = 0.0
-        self.saved_step = self.step
-
-    def _check_settings(self, recorded: Mapping[str, Any] | None) -> None:
-        """Refuses to continue a run with other data or other settings than those it was started with (epochs
-        may grow: a resumed run can be made longer)."""
-        if not recorded:
-            return  # a checkpoint from before settings were recorded
-        mine = self.settings()
-        for key in ("data", "val_data"):
-            old, new = recorded.get(key), mine[key]
-            if old != new:
-                what = "training" if key == "data" else "validation"
-                sizes = (
-                    f"{old['size']:,} samples then, {new['size']:,} now"
-                    if old and new
-                    else "added or removed"
-                )
-                raise ConfigError(
-                    f"checkpoint '{self.checkpoint}' continues a run over other {what} data ({sizes}, and the "
-                    f"samples differ); to train on the data as it is now from the checkpoint's weights, start a "
-                    f"new run from them (edgetrain train --init-from CHECKPOINT; in Python, "
-                    f"session.load_checkpoint(...) and a new Trainer)"
-                )
-        for key in (
-            "schedule",
-            "base_lr",
-            "batch_size",
-            "shuffle",
-            "drop_last",
-            "early_stopping",
-        ):  # the seed comes back
-            if key in recorded and recorded[key] != mine[key]:
-                raise ConfigError(
-                    f"checkpoint '{self.checkpoint}' continues a run whose {key.replace('_', ' ')} was "
-                    f"{recorded[key]!r}, but this trainer's is {mine[key]!r}: resume with the run's own settings "
-                    f"(the command line restores them by itself), or start a new run from the checkpoint"
-                )
 
     # ---- evaluation --------------------------------------------------------------------------------------------
     def evaluate(self, loader: DataLoader | None = None) -> tuple[float, float | None]:
@@ -435,36 +245,6 @@ class Trainer:
     def _emit(self, info: dict[str, Any]) -> None:
         if self.progress is not None:
             self.progress(info)
-
-    def _write_history(self, record: dict[str, Any] | None = None, *, mode: str = "a") -> None:
-        """Appends one record to the history file (mode "w": rewrites it with self.history, or empties it)."""
-        if self.history_path is None:
-            return
-        lines = [record] if record is not None else self.history if mode == "w" else []
-        try:
-            with self._files(), open(self.history_path, mode, encoding="utf-8") as f:
-                f.writelines(json.dumps(r, allow_nan=True) + "\n" for r in lines)
-                f.flush()
-        except OSError as e:  # a full disk, a missing or read-only folder: say which file
-            raise StorageError.of(e, self.history_path, "cannot write the training history") from e
-
-    def _continue_history(self) -> None:
-        """On resume, the history file goes on from the epochs the checkpoint covers: lines past them (the run
-        logged an epoch after its last checkpoint, then died) are cut off, so that the file ends up as an
-        uninterrupted run's. A file that does not begin with the checkpoint's records (another file, or none) is
-        written anew from them."""
-        if self.history_path is None:
-            return
-        try:
-            with self._files(), open(self.history_path, "r+b") as f:
-                if all(_same_record(f.readline(), r) for r in self.history):
-                    f.truncate(f.tell())
-                    return
-        except FileNotFoundError:
-            pass
-        except OSError as e:
-            raise StorageError.of(e, self.history_path, "cannot continue the training history") from e
-        self._write_history(mode="w")
 
     def _result(self, stopped_early: bool, reason: str, *, interrupted: bool = False) -> TrainResult:
         return TrainResult(
@@ -680,42 +460,3 @@ class Trainer:
         self._write_history(record)
         self._loss_sum, self._loss_n, self._epoch_seconds = 0.0, 0, 0.0
         return record
-
-
-def _same_record(line: bytes, record: dict[str, Any]) -> bool:
-    """Whether a line of a history file holds `record` (the checkpoint stores its records with sorted keys)."""
-    try:
-        return json.loads(line) == record
-    except ValueError:  # a line cut short when the run was killed, or not JSON at all
-        return False
-
-
-_MISSING = object()
-
-
-def _field(
-    state: Mapping[str, Any], key: str, kind: type, where: str, *, none: bool = False, default=_MISSING
-):
-    """state[key] as kind (int, float or list), or an ArtifactError naming the checkpoint and the field: a
-    checkpoint is outside input, and its trainer position must be what a Trainer wrote."""
-    if key not in state:
-        if default is not _MISSING:
-            return default
-        raise ArtifactError(
-            f"{where}: its trainer position has no '{key}' field; it was not written by a Trainer"
-        )
-    v = state[key]
-    if v is None and none:
-        return None
-    ok = (
-        isinstance(v, list)
-        if kind is list
-        else isinstance(v, (int, float))
-        and not isinstance(v, bool)
-        and math.isfinite(v)
-        and (kind is float or float(v).is_integer() and v >= 0)
-    )
-    if not ok:
-        want = {int: "an integer >= 0", float: "a finite number", list: "a list"}[kind]
-        raise ArtifactError(f"{where}: its trainer field '{key}' is {v!r:.60}, not {want}")
-    return kind(v)
