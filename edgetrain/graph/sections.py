@@ -527,3 +527,6 @@ def section_json(sections: dict[str, Section]) -> tuple[dict[str, Any], dict[str
         header[key], own = s.to_json()
         tensors.update(own)
     return header, tensors
+
+
+register_section = register  # the public name (et.register_section)
