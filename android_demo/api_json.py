@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from edgetrain.core.container import json_shape
+from edgetrain.core.declared import json_shape
 
 MAX_DEPTH = 32  # the digits model's pixels nest 3 deep in an object: 4
 MAX_DIGITS = 30  # of an integer anywhere in a body; a pixel or a label has a few

@@ -1,115 +1,23 @@
-"""The on-phone personalization app's core (numpy, loaders and edgetrain's device side only): a home folder ->
-samples in, bursts of training that are kept only when validation says they did not make the model worse, and the
-model versions, status and history that the command line and the page show.
-
-A home folder holds:
-    model.etrain     the training artifact, built on a workstation (`edgetrain convert`)
-    samples.sqlite   the user's samples (loaders.SampleStore)
-    versions/        the kept model versions, vNNNNNN.etck (checkpoints of the artifact)
-    current.json     which version is the model now: replaced atomically, after its checkpoint is whole on disk
-    settings.json    burst length, learning rate, threads, batch, validation share, training policy
-    log.jsonl        what happened, one JSON line per event
-
-Crash safety: a burst trains in memory and writes nothing until it is kept; then the new version's checkpoint is
-written atomically, and only then current.json is replaced (atomically). A kill at any instant leaves the previous
-version current and working; a version file that current.json never named is removed by the next burst.
+"""The app's home for a classifier's (or a regression model's) samples, the digits of the page: a labelled sample
+or a data file in, fitted to the model's input by its input pipeline; predictions out. Everything else a home does
+(files, versions, bursts, reports) is home.BaseHome's; a text home (text.TextHome) takes sentences instead.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import os
-import shutil
-import threading
-import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
 import edgetrain as et
-from edgetrain.core.container import atomic_write
 from edgetrain.runtime.feeding import DataOptions, open_feed
 from edgetrain.runtime.trainer import evaluate, session_batch
-from loaders import DataLoader, SampleStore
+from loaders import DataLoader
 
-from .policy import may_train
+from .home import AppError, BaseHome, BurstResult, json_number
 
-ARTIFACT, STORE, CURRENT, SETTINGS, LOG = (
-    "model.etrain",
-    "samples.sqlite",
-    "current.json",
-    "settings.json",
-    "log.jsonl",
-)
-VERSIONS = "versions"
-CHECKPOINT, ADAPTERS = (
-    ".etck",
-    ".etad",
-)  # a version's file: a whole checkpoint, or a LoRA model's adapters alone
-KEEP_VERSIONS = 5  # older kept versions are deleted; the current one and four before it stay for rollback
-DEFAULTS = {
-    "max_steps": 30,  # steps per burst at most
-    "max_seconds": 5.0,  # and seconds per burst at most: a burst is short, a phone does other things
-    "lr": None,  # None: the artifact's learning rate
-    "threads": 1,
-    "batch_size": None,  # None: the artifact's batch; smaller ones are padded (needs a loss with ignore_index)
-    "val_fraction": 0.2,  # share of the samples held out to judge a burst (by a stable hash of the sample id)
-    "policy": "always",  # when a burst may run: always, charging, charging-idle (see policy.py)
-    # memory for the frozen part's results per sample (when only part of the model trains), kept across bursts
-    "feature_cache_mb": 16.0,
-    # the input pipeline the home adopted (`add --scale ...`) when its artifact declares none (InputPipeline JSON)
-    "preprocessing": None,
-    "mode": "digits",  # what the home learns: "digits" (a classifier's samples) or "text" (android_demo.text)
-}
-
-
-class AppError(et.ConfigError):
-    """A home that does not exist or is not set up, or a request the app cannot carry out; says what to do."""
-
-
-@dataclass
-class BurstResult:
-    """What one burst did; the first keys are the `personalize --json` contract."""
-
-    kept: bool
-    steps: int
-    val_accuracy_before: float | None
-    val_accuracy_after: float | None
-    model_version: int
-    seconds: float
-    val_loss_before: float | None = None
-    val_loss_after: float | None = None
-    reason: str = ""
-    losses: list[float] = field(default_factory=list)
-    train_samples: int = 0
-    val_samples: int = 0
-    feature_cache: str = ""  # whether the frozen part's results came from the cache, in a sentence
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), allow_nan=False)
-
-
-def _cache_sentence(info: dict[str, Any]) -> str:
-    if not info["enabled"]:
-        return f"off: {info['reason']}"
-    seen = info["hits"] + info["misses"]
-    return (
-        f"on: {info['hits']} of {seen} samples' frozen-part results came from the cache "
-        f"({info['samples']} samples cached, {info['bytes'] / 2**20:.2f} MiB)"
-    )
-
-
-def _json_number(v: float | None) -> float | None:
-    return None if v is None or not math.isfinite(v) else float(v)
-
-
-def _int8_form(sess: et.TrainingSession) -> str | None:
-    q = sess.artifact.quantized
-    return None if q is None else str(q["form"])
-
+__all__ = ["AppError", "BurstResult", "Home"]
 
 _QUANTIZERS = ("FakeQuantize", "QuantizeLinear", "DequantizeLinear")
 
@@ -124,167 +32,25 @@ def _ends_in_softmax(sess: et.TrainingSession) -> bool:
     return node is not None and node.op_type == "Softmax"
 
 
-class Home:
-    """One user's app state on the device. Thread-safe: the page serves requests while a burst runs; bursts and
-    writes to the model take one lock, and every thread opens the sample store itself (SQLite connections are not
-    shared between threads)."""
+class Home(BaseHome):
+    """A home whose samples are labelled: one at a time from the page (add), or a data file's (add_data); the
+    current version predicts."""
 
     def __init__(self, path: str | os.PathLike):
-        self.path = os.path.abspath(os.fspath(path))
-        if not os.path.isfile(os.path.join(self.path, CURRENT)):
+        super().__init__(path)
+        if self.settings.get("mode") != "digits":
             raise AppError(
-                f"{self.path} is not an app home (no {CURRENT}); set one up with "
-                f"`python -m android_demo --home {os.fspath(path)} init --artifact MODEL.etrain`"
+                f"{self.path} is a {self.settings.get('mode')} home, not one of labelled samples "
+                "(android_demo.text.open_home opens a home as its kind)"
             )
-        self._lock = threading.RLock()  # bursts and settings
-        self._feature_rows = None  # the frozen part's cached results, handed from burst to burst
-        self._cache_lock = threading.Lock()  # the cached inference session: predictions go on during a burst
-        self.settings = {**DEFAULTS, **self._read_json(SETTINGS, {})}
-        self._session_cache: tuple[int, et.TrainingSession] | None = None
-
-    # ---- setting up ----------------------------------------------------------------------------------------------
-    @classmethod
-    def init(cls, path: str | os.PathLike, artifact: str | os.PathLike, **settings: Any) -> Home:
-        """Sets up a home from an artifact built on a workstation; refuses a home that is already set up."""
-        path = os.path.abspath(os.fspath(path))
-        if os.path.exists(os.path.join(path, CURRENT)):
-            raise AppError(f"{path} is already an app home; pick another folder or delete this one")
-        unknown = set(settings) - set(DEFAULTS)
-        if unknown:
-            raise AppError(f"unknown settings {sorted(unknown)}; known: {', '.join(DEFAULTS)}")
-        sess = et.TrainingSession(artifact)  # refuses anything that is not a whole, valid artifact
-        os.makedirs(os.path.join(path, VERSIONS), exist_ok=True)
-        with open(artifact, "rb") as f:
-            atomic_write(os.path.join(path, ARTIFACT), f.read())
-        SampleStore(os.path.join(path, STORE)).close()
-        merged = {**DEFAULTS, **{k: v for k, v in settings.items() if v is not None}}
-        atomic_write(os.path.join(path, SETTINGS), json.dumps(merged, indent=2).encode())
-        atomic_write(os.path.join(path, CURRENT), json.dumps({"version": 0, "checkpoint": None}).encode())
-        home = cls(path)
-        home._log(
-            "init",
-            artifact=os.path.basename(os.fspath(artifact)),
-            batch=session_batch(sess),
-            classes=sess.num_classes,
-            parameters=int(sum(v.size for v in sess.parameters().values())),
-            int8=_int8_form(sess),
-        )
-        return home
-
-    def update_settings(self, **changes: Any) -> dict[str, Any]:
-        """Changes settings (None leaves one as it is; reset_settings puts one back to its default)."""
-        unknown = set(changes) - set(DEFAULTS)
-        if unknown:
-            raise AppError(f"unknown settings {sorted(unknown)}; known: {', '.join(DEFAULTS)}")
-        with self._lock:
-            self.settings.update({k: v for k, v in changes.items() if v is not None})
-            atomic_write(os.path.join(self.path, SETTINGS), json.dumps(self.settings, indent=2).encode())
-        return dict(self.settings)
-
-    def reset_settings(self, *names: str) -> dict[str, Any]:
-        unknown = set(names) - set(DEFAULTS)
-        if unknown:
-            raise AppError(f"unknown settings {sorted(unknown)}; known: {', '.join(DEFAULTS)}")
-        with self._lock:
-            self.settings.update({k: DEFAULTS[k] for k in names})
-            atomic_write(os.path.join(self.path, SETTINGS), json.dumps(self.settings, indent=2).encode())
-        return dict(self.settings)
-
-    # ---- files ---------------------------------------------------------------------------------------------------
-    def _file(self, name: str) -> str:
-        return os.path.join(self.path, name)
-
-    def _read_json(self, name: str, default: Any) -> Any:
-        try:
-            with open(self._file(name), encoding="utf-8") as f:
-                return json.load(f)
-        except FileNotFoundError:
-            return default
-        except (OSError, ValueError) as e:
-            raise AppError(f"{self._file(name)} cannot be read ({e}); the home is damaged") from e
-
-    def _log(self, event: str, **fields: Any) -> None:
-        line = json.dumps({"time": round(time.time(), 3), "event": event, **fields}, allow_nan=False)
-        try:
-            with open(self._file(LOG), "a", encoding="utf-8") as f:
-                f.write(line + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-        except OSError as e:  # a full or read-only storage: say which file
-            raise et.StorageError.of(e, self._file(LOG), "cannot write the app's log") from e
-
-    def events(self, kind: str | None = None) -> list[dict[str, Any]]:
-        """The log's events, oldest first (a line cut short by a kill is skipped)."""
-        out = []
-        try:
-            with open(self._file(LOG), encoding="utf-8") as f:
-                for line in f:
-                    try:
-                        e = json.loads(line)
-                    except ValueError:
-                        continue
-                    if kind is None or e.get("event") == kind:
-                        out.append(e)
-        except FileNotFoundError:
-            pass
-        return out
-
-    def store(self) -> SampleStore:
-        """A connection to the sample store for this thread (close it, or use it in a with block)."""
-        return SampleStore(self._file(STORE), create=False)
-
-    # ---- the model -----------------------------------------------------------------------------------------------
-    @property
-    def version(self) -> int:
-        return int(self._read_json(CURRENT, {"version": 0})["version"])
-
-    def session(self) -> et.TrainingSession:
-        """A new session of the artifact holding the current version's parameters and optimizer state."""
-        cur = self._read_json(CURRENT, {"version": 0, "checkpoint": None})
-        sess = et.TrainingSession(self._file(ARTIFACT))
-        if str(cur.get("checkpoint") or "").endswith(ADAPTERS):  # a LoRA home keeps the adapters alone
-            sess.load_adapters(self._file(cur["checkpoint"]))
-        elif cur.get("checkpoint"):
-            sess.load_checkpoint(self._file(cur["checkpoint"]))
-        adopted = self.settings.get("preprocessing")
-        if adopted and not sess.preprocessing.declared:
-            sess.preprocessing = adopted
-        return sess
-
-    def input_range(self) -> tuple[float, float]:
-        """The raw values samples are given in (the page's pixels): the model's input pipeline's, else [0, 1]."""
-        return self._inference().preprocessing.expected_range() or (0.0, 1.0)
 
     def _model_input(self, sess: et.TrainingSession, x: np.ndarray) -> np.ndarray:
         """Raw samples [N, ...] -> the model's input, by the model's input pipeline (checked against it)."""
-        name = sess.artifact.io["data_inputs"][0]
+        name = sess.data_inputs[0]
         want = tuple(int(d) for d in sess.artifact.program.values[name].shape[1:])
         if not sess.preprocessing.declared and tuple(x.shape[1:]) == want:
             return x
         return sess.preprocess(x, source="the sample")
-
-    def _inference(self) -> et.TrainingSession:
-        """The current version for predictions, cached until the version changes."""
-        with self._cache_lock:
-            v = self.version
-            if self._session_cache is None or self._session_cache[0] != v:
-                self._session_cache = (v, self.session())
-            return self._session_cache[1]
-
-    def input_shape(self) -> tuple[int, ...]:
-        sess = self._inference()
-        name = sess.artifact.io["data_inputs"][0]
-        return tuple(int(d) for d in sess.artifact.program.values[name].shape[1:])
-
-    @property
-    def int8_form(self) -> str | None:
-        """An int8 model's form as it came ("qdq", ...), which its versions export in; None for a float model."""
-        return _int8_form(self._inference())
-
-    @property
-    def num_classes(self) -> int | None:
-        """The model's classes (None for a regression model)."""
-        return self._inference().num_classes
 
     def predict(self, x: np.ndarray, *, with_version: bool = False):
         """The current model's output for samples [N, ...] (class probabilities for a classifier); with_version:
@@ -304,16 +70,11 @@ class Home:
         return (out, v) if with_version else out
 
     # ---- samples -------------------------------------------------------------------------------------------------
-    def sample_count(self) -> int:
-        """How many samples the store holds now."""
-        with self.store() as s:
-            return len(s.ids())
-
     def add(self, x: Any, y: Any) -> int:
         """Adds one labelled sample, raw (the model's input pipeline makes it the model's input, as for files);
         returns its id once it is committed."""
         sess = self._inference()
-        name = sess.artifact.io["data_inputs"][0]
+        name = sess.data_inputs[0]
         info = sess.artifact.program.values[name]
         try:
             x = self._model_input(sess, np.asarray(x)[None])[0]
@@ -368,178 +129,6 @@ class Home:
             return np.asarray(int(y.ravel()[0]), np.int64)
         return y.astype(np.float32)
 
-    # ---- a burst -------------------------------------------------------------------------------------------------
-    def personalize(
-        self,
-        *,
-        max_steps: int | None = None,
-        max_seconds: float | None = None,
-        lr: float | None = None,
-        batch_size: int | None = None,
-        force: bool = False,
-        progress: Callable[[dict[str, Any]], None] | None = None,
-    ) -> BurstResult:
-        """One burst: train the current version on the store's training part for at most max_steps steps and
-        max_seconds seconds, judge it on the validation part, and keep it as a new version only if validation did
-        not get worse (accuracy; loss for regression) and everything stayed finite; else roll back."""
-        s = self.settings
-        max_steps = int(s["max_steps"] if max_steps is None else max_steps)
-        max_seconds = s["max_seconds"] if max_seconds is None else max_seconds
-        if max_steps < 1:
-            raise AppError(f"max_steps must be a positive number of steps, got {max_steps}")
-        allowed, why = (True, "forced") if force else may_train(s["policy"])
-        if not allowed:
-            return self._done(BurstResult(False, 0, None, None, self.version, 0.0, reason=why))
-        with self._lock:
-            return self._burst(max_steps, max_seconds, lr, batch_size, progress)
-
-    def _burst(self, max_steps, max_seconds, lr, batch_size, progress) -> BurstResult:
-        t0 = time.perf_counter()
-        version = self.version
-        sess = self.session()
-        if lr is not None or self.settings["lr"] is not None:
-            sess.lr = float(lr if lr is not None else self.settings["lr"])
-        batch, real = self._batch_sizes(sess, batch_size)
-        mb = self.settings["feature_cache_mb"] or 0
-        if isinstance(mb, bool) or not isinstance(mb, (int, float)) or not math.isfinite(mb) or mb < 0:
-            raise AppError(f"setting feature_cache_mb must be a number of MiB >= 0 (0: off), not {mb!r}")
-        if mb > 0:  # exact; a session of a fully trained model says why there is nothing to cache
-            sess.enable_feature_cache(int(mb * 2**20), rows=self._feature_rows)
-        else:
-            sess.disable_feature_cache("turned off (feature_cache_mb is 0)")
-        padding = sess.artifact.header.get("loss", {}).get("ignore_index") is not None
-        need = 1 if padding else batch  # without padding, every step needs a whole batch
-        with self.store() as store:
-            train, val = store.split(self.settings["val_fraction"])
-            n_train, n_val = train.size(), val.size()
-            if n_val == 0 or n_train < need:
-                reason = (
-                    f"not enough samples yet: {n_train} for training (a burst needs {need}) and {n_val} for "
-                    f"validation (needs 1); add more"
-                )
-                return self._done(BurstResult(False, 0, None, None, version, 0.0, reason=reason))
-            classification = sess.num_classes is not None
-            val_loader = DataLoader(val, batch)
-            before = self._evaluate(sess, val_loader, classification)
-            loader = DataLoader(
-                train, min(real, n_train), shuffle=True, seed=version + 1, drop_last=not padding
-            )
-            losses, reason = self._train(sess, loader, batch, max_steps, max_seconds, t0, progress)
-            self._feature_rows = sess.feature_rows
-            after = self._evaluate(sess, val_loader, classification) if not reason else (math.nan, None)
-        result = BurstResult(
-            kept=False,
-            steps=len(losses),
-            val_accuracy_before=_json_number(before[1]),
-            val_accuracy_after=_json_number(after[1]),
-            model_version=version,
-            seconds=0.0,
-            val_loss_before=_json_number(before[0]),
-            val_loss_after=_json_number(after[0]),
-            losses=losses,
-            train_samples=n_train,
-            val_samples=n_val,
-            feature_cache=_cache_sentence(sess.feature_cache_info()),
-        )
-        if not reason:
-            reason = self._verdict(result, classification)
-        if reason is None:
-            result.kept, result.model_version = True, self._keep(sess, version + 1, result)
-            result.reason = "validation did not get worse: kept as a new version"
-        else:
-            result.reason = reason + "; rolled back to the previous version"
-        result.seconds = round(time.perf_counter() - t0, 4)
-        return self._done(result)
-
-    def _batch_sizes(self, sess: et.TrainingSession, asked: int | None) -> tuple[int, int]:
-        """(the artifact's batch, real samples per step): fewer than the artifact's batch are padded with samples
-        the loss ignores, which the artifact's loss must allow (CrossEntropyLoss(ignore_index=...))."""
-        batch = session_batch(sess) or 1
-        real = int(asked or self.settings["batch_size"] or batch)
-        if real == batch:
-            return batch, real
-        ignore = sess.artifact.header.get("loss", {}).get("ignore_index")
-        if real > batch or real < 1 or ignore is None:
-            raise AppError(
-                f"batch size {real}: this artifact trains batches of {batch}"
-                + ("" if ignore is not None or real > batch else " and its loss cannot ignore padding")
-                + f"; use a batch of {batch}"
-                + (" or fewer" if ignore is not None else "")
-                + ", or convert the model with --batch-size on the workstation"
-            )
-        return batch, real
-
-    def _train(self, sess, loader, batch, max_steps, max_seconds, t0, progress) -> tuple[list[float], str]:
-        losses: list[float] = []
-        ignore = sess.artifact.header.get("loss", {}).get("ignore_index")
-        while len(losses) < max_steps:
-            if max_seconds is not None and losses and time.perf_counter() - t0 >= max_seconds:
-                break
-            x, y = loader.next()
-            # padded rows carry the label the loss ignores: the step is exact for the real ones
-            if len(x) < batch:
-                pad = batch - len(x)
-                x = np.concatenate([x, np.repeat(x[:1], pad, axis=0)])
-                y = np.concatenate([y, np.full((pad, *y.shape[1:]), ignore, y.dtype)])
-            try:
-                losses.append(sess.train_step(x, y))
-            except et.NonFiniteError as e:
-                return losses, f"step {len(losses) + 1} was not finite ({str(e).split(';')[0]})"
-            if progress is not None:
-                progress({"step": len(losses), "of": max_steps, "loss": losses[-1]})
-        return losses, ""
-
-    @staticmethod
-    def _verdict(r: BurstResult, classification: bool) -> str | None:
-        """None when the burst is kept; else why not."""
-        if r.val_loss_after is None:
-            return "the validation loss after the burst is not finite"
-        if classification:
-            if r.val_accuracy_after < r.val_accuracy_before:
-                return (
-                    f"validation accuracy fell from {r.val_accuracy_before:.1%} to {r.val_accuracy_after:.1%}"
-                )
-            return None
-        if r.val_loss_before is not None and r.val_loss_after > r.val_loss_before:
-            return f"validation loss rose from {r.val_loss_before:.4g} to {r.val_loss_after:.4g}"
-        return None
-
-    def _keep(self, sess: et.TrainingSession, version: int, result: BurstResult) -> int:
-        """Writes the new version whole, then points current.json at it (both atomically); prunes old files."""
-        name = self._save_version(sess, version, result)
-        atomic_write(self._file(CURRENT), json.dumps({"version": version, "checkpoint": name}).encode())
-        self._prune(version)
-        return version
-
-    def _save_version(self, sess: et.TrainingSession, version: int, result: BurstResult) -> str:
-        """Writes a version's file whole (atomically) -> its name in the home."""
-        name = os.path.join(VERSIONS, f"v{version:06d}{CHECKPOINT}")
-        sess.save_checkpoint(self._file(name), user_state={"version": version, "burst": asdict(result)})
-        return name
-
-    def _evaluate(self, sess: et.TrainingSession, loader: DataLoader, classification: bool):
-        """(mean loss, accuracy or None) of the session on the validation part: what a burst is judged by."""
-        return evaluate(sess, loader, classification=classification)
-
-    def _prune(self, current: int) -> None:
-        """Removes versions older than the last KEEP_VERSIONS, and files a killed burst left behind."""
-        folder = self._file(VERSIONS)
-        for f in os.listdir(folder):
-            stem = f[1:7] if f.startswith("v") and f.endswith((CHECKPOINT, ADAPTERS)) else None
-            if stem is None or not stem.isdigit():
-                if f.startswith("."):  # an atomic write's temporary file, left by a kill
-                    os.remove(os.path.join(folder, f))
-                continue
-            v = int(stem)
-            if v > current or v <= current - KEEP_VERSIONS:
-                os.remove(os.path.join(folder, f))
-
-    def _done(self, r: BurstResult) -> BurstResult:
-        fields = asdict(r)
-        fields["losses"] = [round(v, 6) for v in r.losses]
-        self._log("burst", **fields)
-        return r
-
     # ---- reports -------------------------------------------------------------------------------------------------
     def evaluate_data(self, path: str, *, layout: str | None = None) -> dict[str, Any]:
         """{"accuracy", "loss", "samples"} of the current model on a data file."""
@@ -548,58 +137,4 @@ class Home:
         batch = session_batch(sess) or 32
         loader = DataLoader(feed.view, batch, batch_transform=feed.transform)
         loss, acc = evaluate(sess, loader, classification=sess.num_classes is not None)
-        return {"accuracy": _json_number(acc), "loss": _json_number(loss), "samples": feed.view.size()}
-
-    def status(self) -> dict[str, Any]:
-        with self.store() as s:
-            n = s.size()
-            train, val = s.split(self.settings["val_fraction"])
-            n_train, n_val = train.size(), val.size()
-        bursts = self.events("burst")
-        allowed, why = may_train(self.settings["policy"])
-        return {
-            "samples": n,
-            "train_samples": n_train,
-            "val_samples": n_val,
-            "model_version": self.version,
-            "bursts": len(bursts),
-            "kept": sum(bool(b.get("kept")) for b in bursts),
-            "last_bursts": [
-                {
-                    k: b.get(k)
-                    for k in ("time", "kept", "steps", "val_accuracy_after", "model_version", "reason")
-                }
-                for b in bursts[-3:]
-            ],
-            "may_train": allowed,
-            "policy": f"{self.settings['policy']}: {why}",
-            "settings": dict(self.settings),
-            "home": self.path,
-        }
-
-    def accuracy_by_version(self) -> list[dict[str, Any]]:
-        """Per kept version, the validation accuracy (or loss) that let it in: the page's chart."""
-        points = []
-        for b in self.events("burst"):
-            if b.get("kept"):
-                if not points:
-                    points.append(
-                        {
-                            "version": b["model_version"] - 1,
-                            "accuracy": b.get("val_accuracy_before"),
-                            "loss": b.get("val_loss_before"),
-                        }
-                    )
-                points.append(
-                    {
-                        "version": b["model_version"],
-                        "accuracy": b.get("val_accuracy_after"),
-                        "loss": b.get("val_loss_after"),
-                    }
-                )
-        return points
-
-
-def remove_home(path: str) -> None:
-    """Deletes a home folder (used by simulate for its temporary home)."""
-    shutil.rmtree(path, ignore_errors=True)
+        return {"accuracy": json_number(acc), "loss": json_number(loss), "samples": feed.view.size()}

@@ -48,7 +48,6 @@ import numpy as np
 
 from . import api_json
 from .api_json import ApiError
-from .app import AppError, Home
 from .connections import (
     MAX_CONNECTIONS,
     MAX_HEADER_BYTES,
@@ -59,6 +58,7 @@ from .connections import (
     linger,
     refuse,
 )
+from .home import AppError, BaseHome
 from .text import MAX_TEXT, TextHome
 
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
@@ -66,6 +66,7 @@ PAGES = {  # the only files served: no path from a request ever reaches the file
     "/": ("index.html", "text/html; charset=utf-8"),
     "/index.html": ("index.html", "text/html; charset=utf-8"),
     "/app.js": ("app.js", "text/javascript; charset=utf-8"),
+    "/common.js": ("common.js", "text/javascript; charset=utf-8"),  # what app.js and text.js share
     "/style.css": ("style.css", "text/css; charset=utf-8"),
     "/text.js": ("text.js", "text/javascript; charset=utf-8"),
 }
@@ -91,7 +92,7 @@ def _clean(v: Any) -> Any:
 class Burst:
     """At most one burst at a time, run in a background thread; its progress as the page polls it."""
 
-    def __init__(self, home: Home):
+    def __init__(self, home: BaseHome):
         self.home = home
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -159,7 +160,7 @@ class AppServer(ThreadingHTTPServer):
 
     def __init__(
         self,
-        home: Home,
+        home: BaseHome,
         address: tuple[str, int],
         *,
         request_timeout: float = REQUEST_TIMEOUT,
@@ -474,7 +475,7 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def make_server(
-    home: Home,
+    home: BaseHome,
     *,
     port: int = 8765,
     host: str = "127.0.0.1",
@@ -508,7 +509,7 @@ def make_server(
 
 
 def serve(
-    home: Home,
+    home: BaseHome,
     *,
     port: int = 8765,
     host: str = "127.0.0.1",

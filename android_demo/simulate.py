@@ -22,7 +22,8 @@ from edgetrain.runtime.feeding import feed_view
 from edgetrain.runtime.trainer import evaluate, session_batch
 from loaders import DataLoader, MnistDataView, SubsetView
 
-from .app import Home, remove_home
+from .app import Home
+from .home import remove_home
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ARTIFACT = os.path.join(HERE, "data", "digits.etrain")  # tools/build_android_assets.py builds it

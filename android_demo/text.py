@@ -1,6 +1,6 @@
 """The app's text mode: a keyboard that learns its user's words (numpy, loaders and edgetrain's device side only).
 
-A text home holds what a digits home holds (app.py), with a GPT-style language model converted with NextTokenLoss and
+A text home holds what every home holds (home.py), with a GPT-style language model converted with NextTokenLoss and
 LoRA adapters on its attention and MLP MatMuls (the base frozen; tools/build_android_assets.py builds
 data/keyboard.etrain) and the model's word vocabulary (vocab.json). What the user sends is stored as samples in the
 same SampleStore: each sentence one window of int64 token ids [32] (<bos> words <eos>, right-padded) with its
@@ -19,12 +19,13 @@ from typing import Any
 import numpy as np
 
 import edgetrain as et
-from edgetrain.core.container import atomic_write
+from edgetrain.core.atomic import atomic_write
 from edgetrain.runtime.trainer import session_batch
 from loaders import DataLoader
 from loaders.text import IGNORE_INDEX, SPECIALS, TokenWindowView, WordVocab, sentences, words
 
-from .app import ADAPTERS, VERSIONS, AppError, BurstResult, Home
+from .app import Home
+from .home import ADAPTERS, VERSIONS, AppError, BaseHome, BurstResult, HomeKindError
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 KEYBOARD = os.path.join(DATA, "keyboard.etrain")
@@ -32,16 +33,33 @@ KEYBOARD_VOCAB = os.path.join(DATA, "keyboard_vocab.json")
 VOCAB = "vocab.json"
 MAX_TEXT = 2000  # characters of one sentence sent, or of the text a suggestion reads
 TEXT_DEFAULTS = {"max_steps": 20, "max_seconds": 60.0, "val_fraction": 0.2, "mode": "text"}
+# app.Home's methods for labelled samples, which a text home has not -> what it does instead
+NOT_A_TEXT_HOMES = {
+    "add": "add_text or add_sentences (the command line: add --sentences FILE)",
+    "add_data": "add_sentences (the command line: add --sentences FILE)",
+    "evaluate_data": "heldout_figures (the command line: evaluate --sentences FILE)",
+    "predict": "suggest",
+}
 
 
-class TextHome(Home):
-    """A home whose samples are sentences and whose model suggests the next word."""
+class TextHome(BaseHome):
+    """A home whose samples are sentences and whose model suggests the next word; it takes no labelled sample
+    (app.Home's add and add_data)."""
 
     def __init__(self, path: str | os.PathLike):
         super().__init__(path)
         if self.settings.get("mode") != "text":
             raise AppError(f"{self.path} is a {self.settings.get('mode')} home, not a text one")
         self.vocab = WordVocab.load(self._file(VOCAB))
+
+    def __getattr__(self, name: str):
+        # only for what normal lookup did not find: a labelled-sample home's method is refused saying what to use
+        if name in NOT_A_TEXT_HOMES:
+            raise HomeKindError(
+                f"{self.path} is a text home: it takes sentences, not labelled samples, and has no {name}; use "
+                f"{NOT_A_TEXT_HOMES[name]}"
+            )
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @classmethod
     def init(
@@ -57,9 +75,7 @@ class TextHome(Home):
         vocab_path = KEYBOARD_VOCAB if vocab is None else vocab
         words_ = WordVocab.load(vocab_path)  # refuses anything but a vocabulary file
         sess = et.TrainingSession(artifact)
-        if sess.artifact.header.get("loss", {}).get("type") != "NextTokenLoss" or sess.num_classes != len(
-            words_
-        ):
+        if sess.record.loss.type != "NextTokenLoss" or sess.num_classes != len(words_):
             raise AppError(
                 f"{artifact} is not a next-word model of {vocab_path}'s {len(words_)} tokens "
                 "(convert a language model with NextTokenLoss)"
@@ -70,7 +86,7 @@ class TextHome(Home):
         os.makedirs(path, exist_ok=True)
         atomic_write(os.path.join(path, VOCAB), open(vocab_path, "rb").read())
         merged = {**TEXT_DEFAULTS, **{k: v for k, v in settings.items() if v is not None}}
-        Home.init(path, artifact, **merged)
+        BaseHome.init(path, artifact, **merged)
         return cls(path)
 
     # ---- the model -----------------------------------------------------------------------------------------------
@@ -118,9 +134,6 @@ class TextHome(Home):
         self._log("add_text", ids=ids[:50], samples=len(ids), words=sum(len(words(t)) for t in texts))
         return ids
 
-    def add(self, x: Any, y: Any) -> int:
-        raise AppError("a text home takes sentences (add_text), not labelled samples")
-
     # ---- bursts --------------------------------------------------------------------------------------------------
     def _evaluate(self, sess: et.TrainingSession, loader: DataLoader, classification: bool):
         """(mean loss per next-token target, next-word top-1 accuracy) over the held-out windows."""
@@ -140,10 +153,10 @@ class TextHome(Home):
         return st
 
 
-def open_home(path: str | os.PathLike) -> Home:
+def open_home(path: str | os.PathLike) -> BaseHome:
     """The home at `path` as its mode's class: a Home for a classifier's samples, a TextHome for a keyboard's."""
-    home = Home(path)
-    return TextHome(path) if home.settings.get("mode") == "text" else home
+    mode = BaseHome(path).settings.get("mode")
+    return TextHome(path) if mode == "text" else Home(path)
 
 
 def next_word_metrics(sess: et.TrainingSession, loader: DataLoader) -> tuple[float, float | None]:

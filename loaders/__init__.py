@@ -12,7 +12,9 @@ from .csvtable import CsvDataView
 from .detect import open_data
 from .digest import fingerprint
 from .errors import ConfigError, DataError, DataLimitError, SampleIndexError
-from .images import IMAGE_MAX_PIXELS, ImageFilesView, ImageFolderView, ImageListView, read_image
+from .imagedecode import IMAGE_MAX_PIXELS, read_image
+from .imagelists import ImageListView
+from .images import ImageFilesView, ImageFolderView
 from .limits import CSV_MAX_BYTES, IDX_GZ_MAX_BYTES, NPZ_MAX_BYTES, NPZ_MAX_MEMBERS
 from .loader import DataLoader
 from .mnist import MnistDataView, read_idx

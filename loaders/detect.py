@@ -11,15 +11,9 @@ import zlib
 
 from .csvtable import CsvDataView, _cells, _is_number
 from .errors import ConfigError, DataError
-from .images import (
-    ImageFolderView,
-    ImageListView,
-    image_kind,
-    image_layout,
-    image_list_kind,
-    loose_images_message,
-    one_image_message,
-)
+from .imagelayout import image_kind, image_layout, loose_images_message, one_image_message
+from .imagelists import ImageListView, image_list_kind
+from .images import ImageFolderView
 from .mnist import GZIP_MAGIC, SPLIT_PREFIX, MnistDataView, find_mnist_files, idx_header, mnist_names
 from .npz import NpzDataView
 from .store import SampleStore

@@ -14,7 +14,7 @@ import zlib
 import numpy as np
 
 from .errors import ConfigError, DataError, DataLimitError
-from .images import folder_hint
+from .imagelayout import folder_hint
 from .limits import IDX_GZ_MAX_BYTES, allocate, limit_argument, read_into, size_text
 from .views import IDataView, check_finite, check_labels
 

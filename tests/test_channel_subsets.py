@@ -18,6 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 import edgetrain as et
 from edgetrain.core.errors import UnsupportedError
 from edgetrain.derive.budget import CHANNEL_SHARE
+from edgetrain.graph.sections import MemoryBudgetSection
 from edgetrain.runtime.describe import artifact_step_memory
 
 LENET = str(Path(et.__file__).parent / "data" / "digits_lenet.onnx")
@@ -224,13 +225,13 @@ def test_a_tight_budget_takes_the_variant_on_part_of_the_channels_when_it_reache
         batch_size=10,
         memory_budget=budget,
     )
-    chosen = art.budget["chosen"]
+    chosen = art.section(MemoryBudgetSection).chosen
     assert f"on 1/{CHANNEL_SHARE} of their input channels" in chosen["name"], chosen
     assert chosen["channels"] and all(f"{w}.channels" in art.parameters for w in chosen["channels"])
     assert chosen["trainable_values"] == sum(art.initial[p].size for p in art.parameters)
     art.save(tmp_path / "b.etrain")
     assert artifact_step_memory(tmp_path / "b.etrain")["budgeted_bytes"] <= budget
-    names = [o["name"] for o in art.budget["weighed"]]
+    names = [o["name"] for o in art.section(MemoryBudgetSection).weighed]
     assert any(
         "of their input channels" not in n and "the last 2 of" in n for n in names
     )  # weighed, too large

@@ -96,7 +96,7 @@ def test_convert_options_and_step_onnx_against_onnxruntime(work):
     assert "Adam (lr 0.002" in proc.stdout and "batch       16" in proc.stdout
     sess = et.TrainingSession(out)
     assert sess.parameter_names == ["fc2.weight", "fc2.bias"]
-    assert sess.artifact.header["optimizer"]["type"] == "Adam"
+    assert sess.artifact.record.optimizer.type == "Adam"
     # the emitted step is standard ONNX: onnxruntime's loss is edgetrain's
     x, y = blobs(16)
     o = ort.InferenceSession(str(work / "step.onnx"), providers=["CPUExecutionProvider"])

@@ -11,15 +11,16 @@ from grad_harness import check_grad
 from kernel_harness import ort_run, spy
 
 from edgetrain.core import fastpaths
-from edgetrain.core.kernels import depthwise, nn_grad
-from edgetrain.core.kernels import nn as nn_kernels
+from edgetrain.core.kernels import conv as conv_kernels
+from edgetrain.core.kernels import depthwise, nn_grad, window
+from edgetrain.core.kernels import pool as pool_kernels
 
 PATHS = (
-    nn_kernels.CONV1X1,
-    nn_kernels.CONV1X1_BATCHED,
-    nn_kernels.STRIDED_FLAT,
-    nn_kernels.GI_AS_CONV,
-    nn_kernels.DEPTHWISE,
+    conv_kernels.CONV1X1,
+    conv_kernels.CONV1X1_BATCHED,
+    conv_kernels.STRIDED_FLAT,
+    conv_kernels.GI_AS_CONV,
+    conv_kernels.DEPTHWISE,
     depthwise.DENSE,
     nn_grad.MAXPOOL_GRAD_GRID,
 )
@@ -94,9 +95,7 @@ def _explicit(attrs: dict, x_shape, k) -> dict:
     """The gradient kernels take explicit pads: auto_pad resolved as the Conv rule does."""
     if "auto_pad" not in attrs:
         return {a: v for a, v in attrs.items()}
-    _, p = nn_kernels.conv_output_shape(
-        x_shape[2:], k, auto_pad=attrs["auto_pad"], strides=attrs.get("strides")
-    )
+    _, p = window.conv_output_shape(x_shape[2:], k, auto_pad=attrs["auto_pad"], strides=attrs.get("strides"))
     return {**{a: v for a, v in attrs.items() if a != "auto_pad"}, "pads": list(p)}
 
 
@@ -104,7 +103,7 @@ def _all_three(x, w, b, dy, attrs):
     """Conv (with bias), ConvGradInput and ConvGradWeight (with dB) at these inputs."""
     k = list(w.shape[2:])
     geo = _explicit(attrs, x.shape, k)
-    y = nn_kernels.conv(x, w, b, **attrs)
+    y = conv_kernels.conv(x, w, b, **attrs)
     dx = nn_grad.conv_grad_input(dy, w, output_shape=list(x.shape[2:]), **geo)
     dw, db = nn_grad.conv_grad_weight(dy, x, kernel_shape=k, noutputs=2, **geo)
     return y, dx, dw, db
@@ -112,8 +111,8 @@ def _all_three(x, w, b, dy, attrs):
 
 def _eager(monkeypatch):
     """Thresholds at their lowest, so that the small shapes here take the paths that large layers take."""
-    monkeypatch.setattr(nn_kernels, "PHASE_MIN_POSITIONS", 1)
-    monkeypatch.setattr(nn_kernels, "FLAT_MAX_WASTE", 100.0)
+    monkeypatch.setattr(conv_kernels, "PHASE_MIN_POSITIONS", 1)
+    monkeypatch.setattr(conv_kernels, "FLAT_MAX_WASTE", 100.0)
 
 
 def _rel(a: np.ndarray, b: np.ndarray) -> float:
@@ -128,12 +127,12 @@ def test_fast_paths_equal_plain(monkeypatch, case):
     xs, ws, attrs, expect = CASES[case]
     rng = np.random.default_rng(sum(map(ord, case)))
     x, w, b = _rand(rng, xs), _rand(rng, ws), _rand(rng, ws[:1])
-    y = nn_kernels.conv(x, w, b, **attrs)
+    y = conv_kernels.conv(x, w, b, **attrs)
     dy = _rand(rng, y.shape)
     calls = {
-        "phases": (spy(monkeypatch, nn_kernels, "PhaseColumns"), spy(monkeypatch, nn_grad, "PhaseColumns")),
+        "phases": (spy(monkeypatch, conv_kernels, "PhaseColumns"), spy(monkeypatch, nn_grad, "PhaseColumns")),
         "batched": (
-            spy(monkeypatch, nn_kernels, "batch_columns"),
+            spy(monkeypatch, conv_kernels, "batch_columns"),
             spy(monkeypatch, nn_grad, "batch_columns"),
         ),
         "dense": (
@@ -162,12 +161,12 @@ def test_plain_env_turns_paths_off(monkeypatch):
     xs, ws, attrs, _ = CASES["stem_7x7_s2"]
     rng = np.random.default_rng(1)
     x, w = _rand(rng, xs), _rand(rng, ws)
-    calls = spy(monkeypatch, nn_kernels, "PhaseColumns")
-    monkeypatch.setenv("EDGETRAIN_PLAIN", nn_kernels.STRIDED_FLAT)
-    nn_kernels.conv(x, w, **attrs)
+    calls = spy(monkeypatch, conv_kernels, "PhaseColumns")
+    monkeypatch.setenv("EDGETRAIN_PLAIN", conv_kernels.STRIDED_FLAT)
+    conv_kernels.conv(x, w, **attrs)
     assert not calls
     monkeypatch.delenv("EDGETRAIN_PLAIN")
-    nn_kernels.conv(x, w, **attrs)
+    conv_kernels.conv(x, w, **attrs)
     assert calls
 
 
@@ -179,7 +178,7 @@ def test_new_paths_vs_onnxruntime(monkeypatch, case):
     rng = np.random.default_rng(len(case))
     x, w, b = _rand(rng, xs), _rand(rng, ws), _rand(rng, ws[:1])
     expected = ort_run("Conv", [x, w, b], attrs)[0]
-    got = nn_kernels.conv(x, w, b, **attrs)
+    got = conv_kernels.conv(x, w, b, **attrs)
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5 * float(np.max(np.abs(expected))))
 
 
@@ -189,8 +188,8 @@ def test_new_paths_gradients_vs_finite_differences(monkeypatch, case):
     onnxruntime (the private gradient ops' function bodies) against edgetrain's kernels."""
     _eager(monkeypatch)
     xs, ws, attrs, expect = CASES[case]
-    phases = spy(monkeypatch, nn_kernels, "PhaseColumns"), spy(monkeypatch, nn_grad, "PhaseColumns")
-    batched = spy(monkeypatch, nn_kernels, "batch_columns"), spy(monkeypatch, nn_grad, "batch_columns")
+    phases = spy(monkeypatch, conv_kernels, "PhaseColumns"), spy(monkeypatch, nn_grad, "PhaseColumns")
+    batched = spy(monkeypatch, conv_kernels, "batch_columns"), spy(monkeypatch, nn_grad, "batch_columns")
     dense = spy(monkeypatch, depthwise, "_dense_weights"), spy(monkeypatch, depthwise, "_grad_weight_dense")
     rng = np.random.default_rng(3 + len(case))
     check_grad("Conv", [rng.standard_normal(xs), rng.standard_normal(ws), rng.standard_normal(ws[:1])], attrs)
@@ -201,10 +200,10 @@ def test_new_paths_gradients_vs_finite_differences(monkeypatch, case):
 
 def test_one_position_pointwise_takes_no_transposes(monkeypatch):
     """A 1x1 conv over 1x1 images (squeeze-and-excitation) multiplies [N, C] by W^T directly: no batch copies."""
-    calls = spy(monkeypatch, nn_kernels, "batch_columns"), spy(monkeypatch, nn_grad, "batch_columns")
+    calls = spy(monkeypatch, conv_kernels, "batch_columns"), spy(monkeypatch, nn_grad, "batch_columns")
     rng = np.random.default_rng(5)
     x, w, dy = _rand(rng, (8, 96, 1, 1)), _rand(rng, (4, 96, 1, 1)), _rand(rng, (8, 4, 1, 1))
-    y = nn_kernels.conv(x, w)
+    y = conv_kernels.conv(x, w)
     dx = nn_grad.conv_grad_input(dy, w, output_shape=[1, 1])
     dw = nn_grad.conv_grad_weight(dy, x, kernel_shape=[1, 1])
     assert not any(calls)
@@ -282,7 +281,7 @@ def test_max_pool_grad_grid_equals_plain_bitwise(monkeypatch, case, ties):
     xs, attrs = POOLS[case]
     rng = np.random.default_rng(len(case))
     x = rng.integers(-3, 3, xs).astype(np.float32) if ties else _rand(rng, xs)
-    y = nn_kernels.max_pool(x, **attrs)
+    y = pool_kernels.max_pool(x, **attrs)
     dy = _rand(rng, y.shape)
     got = nn_grad.max_pool_grad(dy, x, y, **attrs)
     assert calls
@@ -345,14 +344,14 @@ def test_compiled_step_reads_switches_when_compiled(monkeypatch):
     art = et.convert(_stem_model(), loss=et.CrossEntropyLoss(), optimizer=et.SGD(lr=0.1, momentum=0.9))
     rng = np.random.default_rng(1)
     x, y = _rand(rng, (2, 3, 16, 16)), np.array([1, 7], np.int64)
-    calls = spy(monkeypatch, nn_kernels, "PhaseColumns")
-    with fastpaths.plain(nn_kernels.STRIDED_FLAT):
+    calls = spy(monkeypatch, conv_kernels, "PhaseColumns")
+    with fastpaths.plain(conv_kernels.STRIDED_FLAT):
         off = et.TrainingSession(art)
     on_ = et.TrainingSession(art)
     assert off._step_program._compiled is not None
     off.train_step(x, y)
     forward_off = len(calls)
-    with fastpaths.plain(nn_kernels.STRIDED_FLAT):
+    with fastpaths.plain(conv_kernels.STRIDED_FLAT):
         on_.train_step(x, y)
     # the step compiled with the path on took it in its forward (the lean Conv) even inside plain()
     assert len(calls) > forward_off

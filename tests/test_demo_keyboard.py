@@ -21,7 +21,7 @@ import pytest
 from onnx import numpy_helper
 
 import edgetrain as et
-from edgetrain import demo as kb
+from edgetrain.demo import keyboard as kb
 from loaders.text import TokenWindowView, WordVocab
 
 ROOT = Path(__file__).resolve().parents[1]

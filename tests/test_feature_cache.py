@@ -522,14 +522,14 @@ def test_the_frozen_prefix_computes_each_sample_on_its_own_so_the_cache_reaches_
     result by its position (OpenBLAS 0.3.31 does on MobileNetV2's last layers: the cache then stopped 62 nodes short
     of the head). Nodes of the frozen prefix compute each sample on its own, in the step with the cache and without
     it alike, so the cache reaches the head and stays bit for bit; a trained 1x1 convolution keeps the batched GEMM."""
-    from edgetrain.core.kernels import nn
+    from edgetrain.core.kernels import conv
 
     x, y = _data((3, 8, 8), 5, n=16)
     head = _artifact(tmp_path, _pointwise_net(), ["fc.*"], batch=8, name="head")
     full = _artifact(tmp_path, _pointwise_net(), None, batch=8, name="full")
     calls: list[str] = []
-    batched = nn.batch_columns
-    monkeypatch.setattr(nn, "batch_columns", lambda a3: calls.append("batched") or batched(a3))
+    batched = conv.batch_columns
+    monkeypatch.setattr(conv, "batch_columns", lambda a3: calls.append("batched") or batched(a3))
     info = _assert_identical(head, x, y, batch=8)
     g = et.TrainingSession(head).artifact.program
     (boundary,) = info["boundary"]

@@ -131,16 +131,16 @@ def _plain_steps(path, batches):
     assert not any(n.domain for n in g.nodes)
     interp = Interpreter(g, preallocate=False)
     io = art.io
-    lr = np.asarray(art.header["optimizer"]["lr"], np.float32)
+    lr = np.asarray(art.record.optimizer.lr, np.float32)
     values = {k: np.array(v) for k, v in art.initial.items()}
     losses = []
     for x, y in batches:
-        feeds = {io["data_inputs"][0]: x, io["target"]: y, io["lr"]: lr, **values}
+        feeds = {io.data_inputs[0]: x, io.target: y, io.lr: lr, **values}
         out = dict(zip(g.outputs, interp.run({k: feeds[k] for k in g.inputs}, record={})))
-        losses.append(float(out[io["loss"]]))
-        for name, new in io["updates"].items():
+        losses.append(float(out[io.loss]))
+        for name, new in io.updates.items():
             values[name] = out[new]
-    return losses, {p: values[p] for p in io["parameters"]}
+    return losses, {p: values[p] for p in io.parameters}
 
 
 def _optimized_vs_plain(path, batches):

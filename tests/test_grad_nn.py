@@ -11,8 +11,9 @@ from kernel_harness import spy
 from edgetrain.core.errors import UnsupportedError
 from edgetrain.core.interpreter import Interpreter
 from edgetrain.core.ir import Graph, Node, TensorInfo
-from edgetrain.core.kernels import nn as nn_kernels
+from edgetrain.core.kernels import conv as conv_kernels
 from edgetrain.core.kernels import nn_grad
+from edgetrain.core.kernels import pool as pool_kernels
 from edgetrain.derive.autodiff import GradContext, ShapedBuilder, inline_private
 from edgetrain.derive.autodiff.registry import RULES
 
@@ -236,8 +237,8 @@ def test_conv_grads_chunked(monkeypatch):
     whole = nn_grad.conv_grad_weight(dy, x, kernel_shape=[3, 3], noutputs=2, **attrs)
     whole_dx = nn_grad.conv_grad_input(dy, w, output_shape=[7, 7], **attrs)
     monkeypatch.setattr(nn_grad, "IM2COL_BUDGET", 2 * 6 * 9 * 9 * 8)  # two batch rows per chunk
-    monkeypatch.setattr(nn_kernels, "CACHE_BUDGET", 1)  # dW's batch-last columns: one output row at a time
-    monkeypatch.setattr(nn_kernels, "GEMM_MIN_COLUMNS", 1)
+    monkeypatch.setattr(conv_kernels, "CACHE_BUDGET", 1)  # dW's batch-last columns: one output row at a time
+    monkeypatch.setattr(conv_kernels, "GEMM_MIN_COLUMNS", 1)
     for a, b in zip(whole, nn_grad.conv_grad_weight(dy, x, kernel_shape=[3, 3], noutputs=2, **attrs)):
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(
@@ -260,11 +261,11 @@ FLAT_CASES = {
 
 @pytest.mark.parametrize("case", list(FLAT_CASES))
 def test_conv_flattened_rows(monkeypatch, case):
-    """Stride-1 Conv and its dW through the flattened-rows columns (nn._flat_conv, nn_grad._weight_grad_flat),
+    """Stride-1 Conv and its dW through the flattened-rows columns (conv._flat_conv, nn_grad._weight_grad_flat),
     one image per chunk, against finite differences and onnxruntime."""
-    monkeypatch.setattr(nn_kernels, "FLAT_MIN_POSITIONS", 1)
-    monkeypatch.setattr(nn_kernels, "FLAT_MAX_WASTE", 100.0)
-    monkeypatch.setattr(nn_kernels, "CACHE_BUDGET", 1)
+    monkeypatch.setattr(conv_kernels, "FLAT_MIN_POSITIONS", 1)
+    monkeypatch.setattr(conv_kernels, "FLAT_MAX_WASTE", 100.0)
+    monkeypatch.setattr(conv_kernels, "CACHE_BUDGET", 1)
     monkeypatch.setattr(nn_grad, "CACHE_BUDGET", 1)
     calls = spy(monkeypatch, nn_grad, "_weight_grad_flat")
     xs, ws, attrs = FLAT_CASES[case]
@@ -342,7 +343,7 @@ def test_max_pool_grad_ties_go_to_the_first_maximum():
     """With ties, dY goes where onnxruntime's Indices point (edgetrain's MaxPool Indices, tested against it)."""
     x = np.random.default_rng(11).integers(0, 3, (2, 3, 6, 5)).astype(np.float32)
     attrs = {"kernel_shape": [3, 2], "pads": [1, 1, 1, 0], "strides": [1, 2]}
-    y, idx = nn_kernels.max_pool(x, **attrs, noutputs=2)
+    y, idx = pool_kernels.max_pool(x, **attrs, noutputs=2)
     dy = _rand(12, *y.shape).astype(np.float32)
     expected = np.bincount(idx.ravel(), weights=dy.ravel(), minlength=x.size).reshape(x.shape)
     for yy in (y, None):  # the forward's Y, or recomputed

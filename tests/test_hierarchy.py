@@ -211,7 +211,7 @@ def test_a_session_takes_the_callers_bounds(mlp_path):
 
 
 def test_a_loss_that_is_not_one_number_is_an_execution_error():
-    from edgetrain.runtime.training import _scalar
+    from edgetrain.runtime.steps import loss_value as _scalar
 
     assert _scalar(np.float32(2.5), "loss") == 2.5 and _scalar(np.array([[1.0]]), "loss") == 1.0
     with pytest.raises(et.ExecutionError, match=r"'loss' came out as float32 of shape \[3\], not one number"):

@@ -11,7 +11,6 @@ temporary files of killed writers, out-of-range labels, and that every plan the 
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import os
 import re
@@ -29,16 +28,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+from crafting import container_bytes, encode
 from models import MODELS, batch_for
 
 import edgetrain as et
+from edgetrain.core.atomic import remove_stale_temporaries
 from edgetrain.core.container import (
-    ALIGN,
-    KINDS,
-    MAGIC,
     MAX_HEADER_BYTES,
     read_container,
-    remove_stale_temporaries,
     write_container,
 )
 from edgetrain.core.errors import (
@@ -76,55 +73,6 @@ def zlib_zeros(inflated: int, chunk: int = 1 << 20) -> bytes:
         + b"\x03\x00"
         + struct.pack(">I", (inflated % 65521) << 16 | 1)
     )
-
-
-def container_bytes(
-    top: Any = None,
-    data: bytes = b"",
-    *,
-    kind: str = "artifact",
-    text: bytes | None = None,
-    zheader: bytes | None = None,
-    checksum: str = "valid",
-) -> bytes:
-    """Preamble + header + padding + data + SHA-256, from the parts given, checked for nothing: `top` is the
-    JSON object {"header": ..., "tensors": table} (or `text` its JSON bytes, or `zheader` the compressed header
-    itself). checksum="wrong" flips the digest's bits. The string "__1e400__" is written as the number 1e400
-    (which Python's JSON reads as infinity, and json.dumps cannot write)."""
-    if zheader is None:
-        if text is None:
-            text = json.dumps(top, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-            text = text.replace(b'"__1e400__"', b"1e400")
-        zheader = zlib.compress(text, 9)
-    head = MAGIC + struct.pack("<IIQ", 1, KINDS.get(kind, 9), len(zheader)) + zheader
-    body = head + bytes(-len(head) % ALIGN) + data
-    digest = hashlib.sha256(body).digest()
-    if checksum == "wrong":
-        digest = bytes(b ^ 0xFF for b in digest)
-    return body + digest
-
-
-def encode(
-    header: Any,
-    tensors: dict[str, np.ndarray],
-    *,
-    kind: str = "artifact",
-    table: Callable[[dict], Any] | None = None,
-) -> bytes:
-    """(header, tensors) laid out as the writer lays them out, with a valid checksum, but without the writer's
-    checks; table(t), when given, edits the tensor table (or returns a new one) before it is encoded."""
-    entries, data = {}, bytearray()
-    for name, a in tensors.items():
-        a = np.ascontiguousarray(a)
-        dt = a.dtype.newbyteorder("<")
-        data += bytes(-len(data) % ALIGN)
-        raw = a.astype(dt).tobytes()
-        entries[name] = {"dtype": dt.name, "shape": list(a.shape), "offset": len(data), "nbytes": len(raw)}
-        data += raw
-    if table is not None:
-        edited = table(entries)
-        entries = edited if isinstance(edited, dict) else entries
-    return container_bytes({"header": header, "tensors": entries}, bytes(data), kind=kind)
 
 
 def decode(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
@@ -880,7 +828,7 @@ def test_every_artifact_the_converter_makes_validates(tmp_path, model, how):
     loaded = load_artifact(path)  # checks every graph and both plans
     check_plan(loaded.program, loaded.plan)
     if loaded.fused is not None:
-        check_plan(loaded.fused["program"], loaded.fused["plan"])
+        check_plan(loaded.fused.program, loaded.fused.plan)
     for fused in (True, False):
         assert np.isfinite(et.TrainingSession(path, fused=fused).train_step(x, y))
     # the given order's plan too (the planner keeps it when no reordering does better)

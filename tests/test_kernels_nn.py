@@ -8,8 +8,8 @@ import pytest
 from kernel_harness import assert_close, node_cases, ort_run, ref_run, spy
 
 from edgetrain.core.errors import ShapeError, UnsupportedError
-from edgetrain.core.kernels import KERNELS
-from edgetrain.core.kernels import nn as nn_kernels
+from edgetrain.core.kernels import KERNELS, window
+from edgetrain.core.kernels import conv as conv_kernels
 
 OPS = (
     "Conv",
@@ -121,7 +121,7 @@ def test_depthwise_conv_few_positions_both_paths(monkeypatch, positions_max, mul
     rng = np.random.default_rng(mult * 10 + k)
     x, w, b = _rand(rng, (3, 40, 2, 3)), _rand(rng, (40 * mult, 1, k, k)), _rand(rng, (40 * mult,))
     _check("Conv", [x, w, b], {"group": 40, "pads": [k // 2] * 4, "strides": strides})
-    # with a channel multiplier the forward takes im2col's columns (nn.conv), not the depthwise kernel
+    # with a channel multiplier the forward takes im2col's columns (conv.conv), not the depthwise kernel
     assert bool(calls) == (positions_max > 0 and mult == 1)
 
 
@@ -167,7 +167,7 @@ def test_conv_same_with_dilations_vs_reference():
 
 
 def test_conv_im2col_in_batch_chunks(monkeypatch):
-    monkeypatch.setattr(nn_kernels, "IM2COL_BUDGET", 1000)  # forces one sample per chunk
+    monkeypatch.setattr(conv_kernels, "IM2COL_BUDGET", 1000)  # forces one sample per chunk
     rng = np.random.default_rng(3)
     x, w, b = _rand(rng, (5, 4, 9, 8)), _rand(rng, (6, 2, 3, 3)), _rand(rng, (6,))
     _check("Conv", [x, w, b], {"group": 2, "pads": [1, 2, 0, 1], "strides": [2, 1]})
@@ -184,11 +184,11 @@ FLAT_CASES = [
 
 @pytest.mark.parametrize("nd,geo,grp", FLAT_CASES, ids=[f"{nd}d-{g}-{c}" for nd, g, c in FLAT_CASES])
 def test_conv_flattened_rows_vs_onnxruntime(monkeypatch, nd, geo, grp):
-    """Stride-1 convs through the flattened-rows columns (nn._flat_conv), one image per chunk."""
-    monkeypatch.setattr(nn_kernels, "FLAT_MIN_POSITIONS", 1)
-    monkeypatch.setattr(nn_kernels, "FLAT_MAX_WASTE", 100.0)
-    monkeypatch.setattr(nn_kernels, "CACHE_BUDGET", 1)
-    calls = spy(monkeypatch, nn_kernels, "_flat_conv")
+    """Stride-1 convs through the flattened-rows columns (conv._flat_conv), one image per chunk."""
+    monkeypatch.setattr(conv_kernels, "FLAT_MIN_POSITIONS", 1)
+    monkeypatch.setattr(conv_kernels, "FLAT_MAX_WASTE", 100.0)
+    monkeypatch.setattr(conv_kernels, "CACHE_BUDGET", 1)
+    calls = spy(monkeypatch, conv_kernels, "_flat_conv")
     rng = np.random.default_rng(7 * nd + len(geo))
     cin, cout, group = CONV_GROUPS[grp]
     k = _axes(CONV_KERNEL.get(geo, [3, 2]), nd)
@@ -201,7 +201,7 @@ def test_conv_flattened_rows_vs_onnxruntime(monkeypatch, nd, geo, grp):
 def test_conv_lenet_sizes_take_their_path(monkeypatch, path):
     """LeNet's layers at their real sizes (the default thresholds): the 28x28 one through the flattened rows, the
     10x10 one through batch-last columns."""
-    calls = spy(monkeypatch, nn_kernels, path)
+    calls = spy(monkeypatch, conv_kernels, path)
     rng = np.random.default_rng(8)
     if path == "_flat_conv":
         x, w, b = _rand(rng, (5, 1, 28, 28)), _rand(rng, (6, 1, 5, 5)), _rand(rng, (6,))
@@ -694,15 +694,13 @@ def test_output_shape_helpers_match_onnxruntime():
     # the helpers the gradient kernels reuse give the shapes onnxruntime produces
     x = _x(1, 1, 7, 6)
     attrs = {"kernel_shape": [3, 3], "strides": [2, 3], "pads": [1, 0, 1, 2], "ceil_mode": 1}
-    shape, _ = nn_kernels.pool_output_shape((7, 6), [3, 3], strides=[2, 3], pads=[1, 0, 1, 2], ceil_mode=1)
+    shape, _ = window.pool_output_shape((7, 6), [3, 3], strides=[2, 3], pads=[1, 0, 1, 2], ceil_mode=1)
     assert shape == ort_run("MaxPool", [x], attrs)[0].shape[2:]
-    shape, pads = nn_kernels.conv_output_shape((7, 6), (3, 3), auto_pad="SAME_UPPER", strides=[2, 2])
+    shape, pads = window.conv_output_shape((7, 6), (3, 3), auto_pad="SAME_UPPER", strides=[2, 2])
     conv_attrs = {"auto_pad": "SAME_UPPER", "strides": [2, 2]}
     assert shape == ort_run("Conv", [x, _x(1, 1, 3, 3)], conv_attrs)[0].shape[2:]
     assert pads == (1, 0, 1, 1)  # odd total padding goes at the end for SAME_UPPER
-    shape, pads = nn_kernels.conv_transpose_output_shape(
-        (3, 3), (3, 3), auto_pad="SAME_LOWER", strides=[2, 2]
-    )
+    shape, pads = window.conv_transpose_output_shape((3, 3), (3, 3), auto_pad="SAME_LOWER", strides=[2, 2])
     assert (
         shape
         == ort_run(

@@ -150,7 +150,7 @@ def test_convert_prints_the_labels_line_check_prints_and_declares_that_shape(tmp
         converted = _labels_line(capsys.readouterr().out, "  labels      ")
         assert checked.startswith(converted.split(" (")[0]), (checked, converted)
         sess = et.TrainingSession(art)
-        assert sess.artifact.program.values[sess.artifact.io["target"]].shape == target
+        assert sess.artifact.program.values[sess.artifact.io.target].shape == target
 
 
 def test_a_segmentation_keeps_one_label_per_position(tmp_path):
@@ -224,8 +224,8 @@ def test_an_artifact_converted_before_takes_labels_of_either_shape(tmp_path):
     new = et.TrainingSession(
         et.convert(path, loss=et.CrossEntropyLoss(), optimizer=et.SGD(lr=LR), batch_size=BATCH)
     )
-    assert old.artifact.program.values[old.artifact.io["target"]].shape == (BATCH, 1, 1)
-    assert new.artifact.program.values[new.artifact.io["target"]].shape == (BATCH,)
+    assert old.artifact.program.values[old.artifact.io.target].shape == (BATCH, 1, 1)
+    assert new.artifact.program.values[new.artifact.io.target].shape == (BATCH,)
     rng = np.random.default_rng(3)
     x, y = _f32(rng, BATCH, 3, 4, 4), rng.integers(0, CLASSES, BATCH)
     for labels in (y, y.reshape(BATCH, 1, 1)):

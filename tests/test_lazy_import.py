@@ -23,7 +23,10 @@ BUILD_SIDE = [
     "edgetrain.runtime.trainer",
     "loaders",
 ]
-KERNEL_MODULES = [f"edgetrain.core.kernels.{m}" for m in ("math", "nn", "nn_grad", "tensor", "activations")]
+KERNEL_MODULES = [
+    f"edgetrain.core.kernels.{m}"
+    for m in ("math", "conv", "pool", "window", "nn_grad", "tensor", "activations")
+]
 
 
 def run(code: str) -> dict:
@@ -97,11 +100,11 @@ def test_kernels_load_on_first_read_of_the_table():
     got = run("""
         import json, sys
         from edgetrain.core.kernels import KERNELS
-        before = any(m.startswith("edgetrain.core.kernels.nn") for m in sys.modules)
+        before = any(m.startswith("edgetrain.core.kernels.conv") for m in sys.modules)
         conv = KERNELS["Conv"]
-        from edgetrain.core.kernels import nn
-        print(json.dumps({"before": before, "same": conv.fn is nn.conv,
-                          "after": "edgetrain.core.kernels.nn" in sys.modules, "n": len(KERNELS),
+        from edgetrain.core.kernels import conv as conv_kernels
+        print(json.dumps({"before": before, "same": conv.fn is conv_kernels.conv,
+                          "after": "edgetrain.core.kernels.conv" in sys.modules, "n": len(KERNELS),
                           "has_relu": "Relu" in KERNELS}))
     """)
     assert got["before"] is False and got["after"] is True and got["same"] and got["has_relu"]

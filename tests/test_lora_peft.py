@@ -19,6 +19,7 @@ import onnx
 import pytest
 
 import edgetrain as et
+from edgetrain.graph.sections import AdaptersSection
 
 torch = pytest.importorskip(
     "torch", reason="PyTorch is optional: pip install torch==2.13.0 (tools/test.sh does)"
@@ -157,7 +158,7 @@ def _pair(art, layers: dict[str, nn.Module], prefix: str) -> dict[str, object]:
     val_58 too, and for the tied head, whose weight is the token table."""
     pairs = {}
     weights = art.inference.initializers
-    for m in art.adapters["modules"]:
+    for m in art.section(AdaptersSection).modules:
         w = weights[m.weight]
         hits = [
             path
@@ -278,7 +279,7 @@ def _merged(sess, case: Case, peft_model: nn.Module, tmp_path_factory, source: s
         assert np.abs(want - case.logits(case.module, x)).max() > 1e-3  # the adapters changed the model
         worst = max(worst, float(np.abs(got - want).max()))
     written, base = (_initializers(p) for p in (path, source))
-    modules = sess.artifact.adapters["modules"]
+    modules = sess.artifact.record.section(AdaptersSection).modules
     assert [m.node for m in modules if m.own] == [
         m.node for m in modules if "lm_head" in m.A
     ]  # the tied head

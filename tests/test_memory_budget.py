@@ -22,6 +22,7 @@ from edgetrain.core.errors import EdgeTrainError, ModelError, UnsupportedError
 from edgetrain.derive.budget import parse_bytes
 from edgetrain.derive.pipeline import memory_options
 from edgetrain.graph.footprint import FUSED_CHUNK
+from edgetrain.graph.sections import ChannelsSection, MemoryBudgetSection
 from edgetrain.runtime.describe import artifact_step_memory
 from edgetrain.runtime.fused import CHUNK
 
@@ -138,7 +139,9 @@ def test_a_budgeted_artifact_fits_its_budget_and_trains_what_check_announced(bud
     mem = artifact_step_memory(tmp_path / "budget.etrain")
     assert mem["budgeted_bytes"] <= budget
     assert pick is not None and sorted(art.parameters) == sorted(pick.trainable)
-    assert art.budget["chosen"]["budgeted_bytes"] == mem["budgeted_bytes"]  # planned as inspect counts it
+    assert (
+        art.section(MemoryBudgetSection).chosen["budgeted_bytes"] == mem["budgeted_bytes"]
+    )  # planned as inspect counts it
     if budget_share == 1.0:
         assert sorted(art.parameters) == sorted(full.parameters)
     else:
@@ -147,7 +150,9 @@ def test_a_budgeted_artifact_fits_its_budget_and_trains_what_check_announced(bud
     x, y = batch_for("lenet", BATCH)
     losses, params = _run(tmp_path / "budget.etrain", x, y, steps=5)
     assert losses[-1] < losses[0]
-    split = {s.weight: s for s in art.channels or []}  # weights trained on their first input channels
+    split = {
+        s.weight: s for s in getattr(art.section(ChannelsSection), "splits", [])
+    }  # on first input channels
     frozen = [p for p in full.parameters if p not in art.parameters]
     sess = et.TrainingSession(tmp_path / "budget.etrain")
     sess.train_step(x, y)
@@ -235,7 +240,7 @@ def test_a_frozen_part_in_chunks_gives_the_same_steps_in_a_smaller_arena(name, t
     assert pick is not None and pick.chunks > 1 and sorted(pick.trainable) == sorted(head)
     art = _convert(model, trainable=head, memory_budget=pick.peak)
     art.save(tmp_path / "chunked.etrain")
-    assert art.budget["chosen"]["chunks"] == pick.chunks
+    assert art.section(MemoryBudgetSection).chosen["chunks"] == pick.chunks
     mem = [artifact_step_memory(tmp_path / f"{k}.etrain") for k in ("whole", "chunked")]
     assert mem[1]["arena_bytes"] < mem[0]["arena_bytes"]
     losses0, params0 = _run(tmp_path / "whole.etrain", x, y)

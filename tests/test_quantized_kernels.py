@@ -1,6 +1,7 @@
-"""The quantized kernels (edgetrain/core/kernels/quantized.py) against onnxruntime, one node at a time: integer
-outputs to the bit, float outputs to 1 ulp; random inputs and the edges (saturation, rounding ties, zero points at
-the ends of the range, per-channel axes, int8 and uint8). Bad scales and zero points are refused at import."""
+"""The quantized kernels (edgetrain/core/kernels/quantized.py, qproducts.py, qcontrib.py) against onnxruntime, one
+node at a time: integer outputs to the bit, float outputs to 1 ulp; random inputs and the edges (saturation,
+rounding ties, zero points at the ends of the range, per-channel axes, int8 and uint8). Bad scales and zero points
+are refused at import."""
 
 from __future__ import annotations
 
@@ -390,7 +391,7 @@ def test_matmul_integer_to_float_and_dynamic_quantize_matmul(tb):
 
 def test_mixed_sign_products_are_exact():
     """uint8 x int8 over the full ranges, where onnxruntime's AVX2 path saturates pairs: the exact sums."""
-    from edgetrain.core.kernels.quantized import conv_integer, matmul_integer, qlinear_matmul
+    from edgetrain.core.kernels.qproducts import conv_integer, matmul_integer, qlinear_matmul
 
     rng = np.random.default_rng(18)
     a, b = np.full((3, 64), 255, np.uint8), np.full((64, 5), 127, np.int8)

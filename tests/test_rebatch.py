@@ -13,6 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import edgetrain as et
 from edgetrain.graph.rebatch import apply_batch_plan, find_batch_plan
+from edgetrain.graph.sections import BatchPlanSection
 from edgetrain.onnx_io.reader import from_onnx
 
 RNG = np.random.default_rng(1)
@@ -103,7 +104,7 @@ def test_fixed_batch_conv_net_trains_like_the_batch_agnostic_model(tmp_path, exp
         np.testing.assert_allclose(params[k], ref_params[k], rtol=1e-6, atol=1e-7, err_msg=k)
     assert any("re-batched" in n for n in art.notes)
     assert any(f"[{exported_batch}, -1] -> [8, -1]" in n for n in art.notes)
-    assert art.batch_plan.edits[0].node == "/Reshape"
+    assert art.section(BatchPlanSection).plan.edits[0].node == "/Reshape"
 
     np.testing.assert_allclose(sess.run(x[:3]), sess.evaluate(x, y)[1][:3], rtol=1e-5, atol=1e-6)  # any batch
     sess.export_onnx(tmp_path / "p.onnx")

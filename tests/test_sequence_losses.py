@@ -160,7 +160,7 @@ def test_the_command_line_converts_with_next_token(tmp_path):
     run = [sys.executable, "-m", "edgetrain.cli", "convert", path, "-o", str(out), "--batch-size", str(B)]
     proc = subprocess.run([*run, "--loss", "next-token"], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
-    assert et.TrainingSession(str(out)).artifact.header["loss"]["type"] == "NextTokenLoss"
+    assert et.TrainingSession(str(out)).artifact.record.loss.type == "NextTokenLoss"
     proc = subprocess.run(
         [*run, "--loss", "mse", "--class-axis", "-1"], capture_output=True, text=True, cwd=ROOT
     )

@@ -3,6 +3,7 @@ training_onnx(), artifact size and determinism, checkpoints refused for another 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -248,7 +249,6 @@ print(hwm() - before)
     [("lenet", et.SGD(lr=0.05, momentum=0.9, weight_decay=5e-4)), ("mlp", et.Adam(lr=1e-3))],
 )
 def test_inspect_reports_the_planned_peak_of_a_step_part_by_part(tmp_path, model, optimizer):
-    from edgetrain.core.container import read_container
     from edgetrain.runtime.describe import artifact_step_memory, step_memory
 
     _, path = make_artifact(tmp_path, model, optimizer=optimizer)
@@ -257,13 +257,13 @@ def test_inspect_reports_the_planned_peak_of_a_step_part_by_part(tmp_path, model
     sess = et.TrainingSession(path)
     art, fused = sess.artifact, sess._fused
     assert mem["fused"] and fused is not None
-    params = sum(art.initial[p].nbytes for p in art.io["parameters"])
-    state = sum(art.initial[s].nbytes for s in art.io["state"])
-    step_counter = sum(art.initial[n].nbytes for n in art.io["state"] if n == fused.step_name)
+    params = sum(art.initial[p].nbytes for p in art.io.parameters)
+    state = sum(art.initial[s].nbytes for s in art.io.state)
+    step_counter = sum(art.initial[n].nbytes for n in art.io.state if n == fused.step_name)
     flat = sum(a.nbytes for g in fused.groups for a in [g.params, *g.state.values(), g.grad, g.s1, g.s2])
-    program = art.fused["program"]
-    outputs = [o for o in program.outputs if o not in set(art.fused["gradients"].values())]
-    assert mem["arena_bytes"] == art.fused["plan"].arena_size == sess._step_program.arena.nbytes
+    program = art.fused.program
+    outputs = [o for o in program.outputs if o not in set(art.fused.gradients.values())]
+    assert mem["arena_bytes"] == art.fused.plan.arena_size == sess._step_program.arena.nbytes
     assert mem["parameters_bytes"] == params and mem["state_bytes"] == state
     assert mem["constants_bytes"] == sum(v.nbytes for v in program.initializers.values())
     # the flat buffers: parameters and state (updated in place), gradients, two scratch chunks
@@ -277,8 +277,7 @@ def test_inspect_reports_the_planned_peak_of_a_step_part_by_part(tmp_path, model
     assert mem["budgeted_bytes"] == mem["peak_bytes"] - mem["constants_bytes"]
 
     # without the fused optimizer the step's new parameters and state are outputs of the whole step program
-    header, tensors = read_container(path)
-    plain = step_memory({**header, "fused": None}, tensors)
+    plain = step_memory(dataclasses.replace(art.record, fused=None))
     assert not plain["fused"] and plain["arena_bytes"] == art.plan.arena_size
     assert plain["optimizer_buffers_bytes"] == params + state
 

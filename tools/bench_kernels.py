@@ -21,23 +21,23 @@ import numpy as np  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from edgetrain.core.kernels import nn, nn_grad, registry  # noqa: E402
+from edgetrain.core.kernels import conv, nn_grad, pool, registry  # noqa: E402
 
 PKG = "edgetrain.core.kernels"
 
 
-def load_rev(rev: str) -> tuple[types.ModuleType, types.ModuleType]:
-    """nn and nn_grad (and the depthwise module they use) as of git revision rev, loaded as modules of their own
-    beside today's."""
+def load_rev(rev: str) -> tuple[types.SimpleNamespace, types.ModuleType]:
+    """The conv and pool kernels and nn_grad (and the window and depthwise modules they use) as of git revision rev,
+    loaded as modules of their own beside today's."""
     mods = {}
     kernels, registry.KERNELS = registry.KERNELS, {}  # the old kernels register into a throwaway table
     try:
-        for name in ("depthwise", "nn", "nn_grad"):
+        for name in ("depthwise", "window", "conv", "pool", "nn_grad"):
             path = f"{PKG.replace('.', '/')}/{name}.py"
             src = subprocess.run(
                 ["git", "show", f"{rev}:{path}"], cwd=ROOT, check=True, capture_output=True, text=True
             ).stdout
-            for dep in ("nn", "depthwise"):
+            for dep in ("window", "conv", "pool", "depthwise"):
                 src = src.replace(f"from .{dep} import", f"from ._rev_{dep} import")
             src = src.replace("from . import depthwise", "from . import _rev_depthwise as depthwise")
             mod = types.ModuleType(f"{PKG}._rev_{name}")
@@ -47,7 +47,12 @@ def load_rev(rev: str) -> tuple[types.ModuleType, types.ModuleType]:
             mods[name] = mod
     finally:
         registry.KERNELS = kernels
-    return mods["nn"], mods["nn_grad"]
+    return kernels_of(mods["conv"], mods["pool"]), mods["nn_grad"]
+
+
+def kernels_of(conv_module: types.ModuleType, pool_module: types.ModuleType) -> types.SimpleNamespace:
+    """The forward kernels the cases call (a.conv, a.max_pool), from their two modules."""
+    return types.SimpleNamespace(conv=conv_module.conv, max_pool=pool_module.max_pool)
 
 
 def median_ms(fns, repeat: int) -> list[float]:
@@ -70,7 +75,7 @@ MP = {"kernel_shape": [2, 2], "strides": [2, 2]}  # its pooling
 
 
 def cases(rng):
-    """(name, fn(nn, nn_grad) -> call) pairs."""
+    """(name, fn(forward kernels, nn_grad) -> call) pairs."""
     f32 = np.float32
 
     def r(*shape):
@@ -167,7 +172,7 @@ def main() -> None:
     for name, make in cases(np.random.default_rng(0)):
         if args.only and args.only not in name:
             continue
-        t_old, t_new = median_ms([make(*old), make(nn, nn_grad)], args.repeat)
+        t_old, t_new = median_ms([make(*old), make(kernels_of(conv, pool), nn_grad)], args.repeat)
         print(f"{name:44s} {t_old:9.3f} {t_new:9.3f} {t_old / t_new:7.2f}x", flush=True)
 
 

@@ -35,6 +35,7 @@ import numpy as np
 # The device side only at the top: the worker (this file run with --worker) must train with numpy, loaders and
 # edgetrain.runtime alone. `import edgetrain` loads nothing of the build side until a name of it is used.
 import edgetrain as et
+from edgetrain.graph.sections import MemoryBudgetSection
 from edgetrain.runtime import InferenceSession, TrainingSession
 from edgetrain.runtime.describe import artifact_step_memory
 from edgetrain.runtime.trainer import Trainer
@@ -42,11 +43,11 @@ from loaders import DataLoader, MnistDataView, imageops
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "edgetrain" / "data"
-BASE_DIGITS, NEW_USER = DATA / "digits", DATA / "newuser"  # as edgetrain/demo.py's BASE_DIGITS and NEW_USER
+BASE_DIGITS, NEW_USER = DATA / "digits", DATA / "newuser"  # as edgetrain.demo's BASE_DIGITS and NEW_USER
 CACHE = ROOT / "build" / "budget_bench"
 SEED = 0  # the demo's
 EPOCHS = 20  # the demo's default
-LR_ALL, LR_PART = 0.01, 0.05  # edgetrain/demo.py VARIANTS: full fine-tuning's rate, head-only's
+LR_ALL, LR_PART = 0.01, 0.05  # edgetrain/demo/digits.py VARIANTS: full fine-tuning's rate, head-only's
 MOMENTUM, WEIGHT_DECAY = 0.9, 5e-4  # the demo's SGD
 FRACTIONS = (2, 4, 8)  # the budgets: 1/2, 1/4, 1/8 of full fine-tuning's budgeted bytes
 LEAKS = ("onnx", "onnxruntime", "torch", "edgetrain.derive", "edgetrain.onnx_io")  # never in the worker
@@ -267,10 +268,13 @@ def _budgeted(case: Case, budget: int, variant: str, folder: Path, say) -> dict:
             "convert_seconds": time.perf_counter() - t0,
         }
     lr = LR_PART
-    if _deep(art.budget["chosen"]["name"]):
-        lr, first = LR_ALL, art.budget["chosen"]
+    if _deep(art.section(MemoryBudgetSection).chosen["name"]):
+        lr, first = LR_ALL, art.section(MemoryBudgetSection).chosen
         art = _convert(case, lr=lr, budget=budget)
-        assert art.budget["chosen"] == first, (first, art.budget["chosen"])
+        assert art.section(MemoryBudgetSection).chosen == first, (
+            first,
+            art.section(MemoryBudgetSection).chosen,
+        )
     row = _row(variant, art, folder / f"{case.key}-{variant.replace('/', '_')}.etrain", lr=lr, seconds=0.0)
     row.update(budget_bytes=budget, convert_seconds=time.perf_counter() - t0)
     assert row["budgeted_bytes"] <= budget, row  # inspect's count of the file is what convert planned
@@ -569,7 +573,7 @@ def write(out: Path, doc: dict) -> None:
         f"  user's digits shuffled with seed {s['seed']}, a checkpoint, the Trainer's defaults (its frozen-prefix",
         f"  feature cache among them); {s['optimizer']}; lr {s['lr_every_parameter']} when the weights of more than",
         f"  the last layer train and {s['lr_otherwise']} for the head and biases (the demo's rates for full and",
-        "  head-only fine-tuning, edgetrain/demo.py VARIANTS: head-only's, 5x, sends deeper weights far); one BLAS",
+        "  head-only fine-tuning, edgetrain.demo.VARIANTS: head-only's, 5x, sends deeper weights far); one BLAS",
         "  thread. The accuracies are the trained session's `run()` on the held-out and the original test digits.",
         "- **RSS growth: fine-tuning**: that process's VmHWM after training minus its VmHWM right after its imports",
         "  (the peak itself in brackets); it holds what the Trainer adds to the step (the feature cache's programs,",

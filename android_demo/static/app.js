@@ -1,6 +1,6 @@
 // The app's page: draw a digit -> the model's input (MNIST's way) -> predict, label, personalize, chart.
 // Everything goes through the JSON API of android_demo/server.py; nothing is fetched from anywhere else.
-"use strict";
+import { $, api, bursts, pct, plural, say as show, showVersion, verdict } from "./common.js";
 
 const SIZE = 280; // the canvas's own pixels (its CSS size follows the screen)
 const PEN = 24; // stroke width in canvas pixels: MNIST's strokes are about 2-3 of its 20-pixel box
@@ -20,38 +20,12 @@ const state = {
 };
 window.edgetrain = state;
 
-const $ = (id) => document.getElementById(id);
 const canvas = $("canvas");
 const ctx = canvas.getContext("2d", { willReadFrequently: true });
 
-// ---- the API ----------------------------------------------------------------------------------------------
-async function api(path, body) {
-  const opts = body === undefined ? {} : {
-    method: "POST",
-    headers: { "Content-Type": "application/json" },
-    body: JSON.stringify(body),
-  };
-  const r = await fetch(path, opts);
-  let data = null;
-  try {
-    data = await r.json();
-  } catch (e) {
-    data = { error: `${r.status} ${r.statusText}` };
-  }
-  if (!r.ok) {
-    const err = new Error((data && data.error) || `${r.status} ${r.statusText}`);
-    err.status = r.status;
-    throw err;
-  }
-  return data;
-}
-
+// the message line says how to teach the model when it has nothing else to say
 const HOW = "tap the digit you meant: the drawing becomes one of your samples";
-function say(text, isError) {
-  const m = $("message");
-  m.textContent = text || HOW;
-  m.classList.toggle("error", !!isError);
-}
+const say = (text, isError) => show(text || HOW, isError);
 
 // ---- drawing ----------------------------------------------------------------------------------------------
 function render() {
@@ -261,7 +235,7 @@ async function predict() {
 function showSamples(n, train, val) {
   const s = $("samples");
   s.dataset.count = String(n);
-  s.textContent = `${n} sample${n === 1 ? "" : "s"}` + (train === undefined ? "" : ` (${train} to train, ${val} to check)`);
+  s.textContent = plural(n, "sample") + (train === undefined ? "" : ` (${train} to train, ${val} to check)`);
 }
 
 async function addSample(label) {
@@ -287,8 +261,7 @@ async function refreshStatus() {
     if (st.input_shape) state.inputShape = st.input_shape;
     if (st.input_range) state.inputRange = st.input_range;
     showSamples(st.samples, st.train_samples, st.val_samples);
-    $("version").textContent = `model version ${st.model_version}`;
-    $("version").dataset.version = String(st.model_version);
+    showVersion(st.model_version);
     $("personalize").title = st.policy;
   } catch (e) {
     say(`no answer from the app: ${e.message}`, true);
@@ -296,7 +269,6 @@ async function refreshStatus() {
 }
 
 // ---- a burst ----------------------------------------------------------------------------------------------
-const pct = (v) => `${(100 * v).toFixed(1)}%`;
 const num = (v) => (v === null || v === undefined ? "-" : Number(v).toPrecision(4));
 
 function words(r) {
@@ -306,77 +278,26 @@ function words(r) {
     : r.val_loss_before !== null && r.val_loss_after !== null
       ? `validation loss ${num(r.val_loss_before)} → ${num(r.val_loss_after)}`
       : "";
-  const took = `${r.steps} step${r.steps === 1 ? "" : "s"} in ${r.seconds.toFixed(1)} s`;
-  if (r.kept) return { text: `Kept as version ${r.model_version}: ${how} (${took}).`, kind: "kept" };
-  const why = r.reason.replace(/; rolled back to the previous version$/, "");
-  return { text: `Rolled back, version ${r.model_version} stays: ${why} (${took}).`, kind: "rolled-back" };
+  return verdict(r, how);
 }
 
 function showProgress(p) {
-  const bar = $("progress-bar");
-  bar.max = Math.max(1, p.of);
-  bar.value = p.step;
   const loss = p.loss === null ? "" : ` · loss ${Number(p.loss).toPrecision(3)}`;
   $("progress").textContent = p.running
     ? `training: step ${p.step} of at most ${p.of}${loss}`
-    : `done: ${p.step} step${p.step === 1 ? "" : "s"}${loss}`;
+    : `done: ${plural(p.step, "step")}${loss}`;
   $("progress").dataset.step = String(p.step);
 }
 
-function showResult(p) {
-  const el = $("result");
-  el.classList.remove("kept", "rolled-back", "error");
-  if (p.error) {
-    el.textContent = `The burst failed: ${p.error}`;
-    el.classList.add("error");
-    el.dataset.kept = "";
-    return;
-  }
-  const w = words(p.result);
-  el.textContent = w.text;
-  el.dataset.kept = String(p.result.kept);
-  el.dataset.version = String(p.result.model_version);
-  if (w.kind !== "none") el.classList.add(w.kind);
-}
-
-const sleep = (ms) => new Promise((ok) => setTimeout(ok, ms));
-
-async function follow() {
-  if (state.polling) return;
-  state.polling = true;
-  $("personalize").disabled = true;
-  try {
-    for (;;) {
-      const p = await api("/api/progress");
-      showProgress(p);
-      if (!p.running) {
-        if (p.result || p.error) showResult(p);
-        break;
-      }
-      await sleep(200);
-    }
-  } catch (e) {
-    $("result").textContent = `lost track of the burst: ${e.message}`;
-  } finally {
-    state.polling = false;
-    $("personalize").disabled = false;
-  }
-  await Promise.all([refreshStatus(), refreshChart()]);
-  if (state.lastPixels) predict(); // the drawing, read again by the model as it is now
-}
-
-$("personalize").addEventListener("click", async () => {
-  $("result").textContent = "";
-  $("result").dataset.kept = "";
-  try {
-    await api("/api/personalize", {});
-  } catch (e) {
-    if (e.status !== 409) { // 409: one runs already (another tab started it): follow that one
-      showResult({ error: e.message });
-      return;
-    }
-  }
-  follow();
+const burst = bursts(state, {
+  progress: showProgress,
+  pause: 200,
+  describe: words,
+  data: (r) => ({ version: String(r.model_version) }),
+  after: async () => {
+    await Promise.all([refreshStatus(), refreshChart()]);
+    if (state.lastPixels) predict(); // the drawing, read again by the model as it is now
+  },
 });
 
 // ---- the chart --------------------------------------------------------------------------------------------
@@ -451,4 +372,4 @@ drawPreview(null);
 say("");
 refreshStatus();
 refreshChart();
-api("/api/progress").then((p) => { if (p.running) follow(); }).catch(() => {});
+burst.resume();

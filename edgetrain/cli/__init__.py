@@ -5,7 +5,9 @@
 
 convert, check, export and demo need onnx (the build side, edgetrain.cli.build); train, eval (edgetrain.cli.train)
 and inspect (in edgetrain.cli.build, which imports the build side only when a command needs it) run with numpy alone.
-The grammar is edgetrain.cli.parser; a command's module is imported only when the command runs.
+The grammar is edgetrain.cli.parser, with the option groups of edgetrain.cli.options; a command's module is imported
+only when the command runs, and reads the arguments into a typed configuration (edgetrain.cli.config, federate_config,
+build_config) before anything else.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Sequence
 
 from edgetrain.core.errors import EdgeTrainError, UsageError
 
+from .options import debug_option
 from .parser import build_parser, convert_arguments
 
 
@@ -69,7 +72,7 @@ def convert_main(argv: Sequence[str] | None = None) -> int:
         prog="convert-inference-model",
         description="ONNX inference model -> training artifact (.etrain); the same as `edgetrain convert`.",
     )
-    parser.add_argument("--debug", action="store_true", help="show the full traceback on errors")
+    debug_option(parser)
     convert_arguments(parser)
     args = parser.parse_args(argv)
     return _run(parser, args, "convert-inference-model")

@@ -13,54 +13,53 @@ from typing import Any
 
 import numpy as np
 
-from edgetrain.core.container import atomic_write, inspect_container
+from edgetrain.core.atomic import atomic_write
+from edgetrain.core.container import inspect_container
 from edgetrain.core.errors import EdgeTrainError, RebatchError, StorageError, UsageError
+from edgetrain.graph.sections import AdaptersSection, BatchPlanSection, QuantizedSection
 from edgetrain.runtime.describe import describe, summary
 from edgetrain.runtime.progress import duration, mb
-from loaders import InputPipeline, imageops
+from loaders import imageops
 
+from .build_config import (
+    CheckConfig,
+    ConvertConfig,
+    ExportConfig,
+    LoraConfig,
+    LossConfig,
+    OptimizerConfig,
+)
 from .common import load_weights, open_session, plural
-from .names import DEFAULT_LR, LOSSES
+from .names import LOSSES
 
 
-def _make_loss(args: argparse.Namespace):
-    classes = ("cross-entropy", "next-token")
-    for flag, value, applies in (
-        ("--label-smoothing", args.label_smoothing, classes),
-        ("--ignore-index", args.ignore_index, classes),
-        ("--class-axis", args.class_axis, ("cross-entropy",)),
-    ):
-        if value is not None and args.loss not in applies:
-            raise UsageError(f"{flag} applies to --loss {' and '.join(applies)} only")
+def _make_loss(cfg: LossConfig):
     from edgetrain.derive import losses  # build side: loaded only for convert
 
-    smoothing = args.label_smoothing or 0.0
-    if args.loss == "cross-entropy":
-        axis = 1 if args.class_axis is None else args.class_axis
+    smoothing = cfg.label_smoothing or 0.0
+    if cfg.loss == "cross-entropy":
+        axis = 1 if cfg.class_axis is None else cfg.class_axis
         return losses.CrossEntropyLoss(
-            label_smoothing=smoothing, ignore_index=args.ignore_index, class_axis=axis
+            label_smoothing=smoothing, ignore_index=cfg.ignore_index, class_axis=axis
         )
-    if args.loss == "next-token":
-        ignore = -100 if args.ignore_index is None else args.ignore_index
+    if cfg.loss == "next-token":
+        ignore = -100 if cfg.ignore_index is None else cfg.ignore_index
         return losses.NextTokenLoss(ignore_index=ignore, label_smoothing=smoothing)
-    return getattr(losses, LOSSES[args.loss])()
+    return getattr(losses, LOSSES[cfg.loss])()
 
 
-def _make_optimizer(args: argparse.Namespace):
+def _make_optimizer(cfg: OptimizerConfig):
     from edgetrain.derive.optimizers import SGD, Adam, AdamW  # build side: loaded only for convert
 
-    lr = DEFAULT_LR[args.optimizer] if args.lr is None else args.lr
-    clip = {"clip_grad_norm": args.clip_grad_norm} if args.clip_grad_norm is not None else {}
-    if args.optimizer == "sgd":
-        momentum = 0.9 if args.momentum is None else args.momentum
+    lr = cfg.learning_rate
+    clip = {"clip_grad_norm": cfg.clip_grad_norm} if cfg.clip_grad_norm is not None else {}
+    if cfg.optimizer == "sgd":
+        momentum = 0.9 if cfg.momentum is None else cfg.momentum
         return SGD(
-            lr=lr, momentum=momentum, weight_decay=args.weight_decay or 0.0, nesterov=args.nesterov, **clip
+            lr=lr, momentum=momentum, weight_decay=cfg.weight_decay or 0.0, nesterov=cfg.nesterov, **clip
         )
-    for flag, value in (("--momentum", args.momentum), ("--nesterov", args.nesterov or None)):
-        if value is not None:
-            raise UsageError(f"{flag} applies to --optimizer sgd only (Adam and AdamW have betas instead)")
-    cls = Adam if args.optimizer == "adam" else AdamW
-    wd = args.weight_decay if args.weight_decay is not None else (0.01 if args.optimizer == "adamw" else 0.0)
+    cls = Adam if cfg.optimizer == "adam" else AdamW
+    wd = cfg.weight_decay if cfg.weight_decay is not None else (0.01 if cfg.optimizer == "adamw" else 0.0)
     return cls(lr=lr, weight_decay=wd, **clip)
 
 
@@ -71,63 +70,42 @@ def _config_text(cfg: dict[str, Any]) -> str:
     return f"{cfg.get('type', '?')} ({rest})" if rest else str(cfg.get("type", "?"))
 
 
-def _declared_preprocessing(args: argparse.Namespace):
-    """--scale/--normalize/--layout/--input-range/--resize/--crop -> the input pipeline to declare, or None (the
-    model's own metadata, else none)."""
-    given = (args.scale, args.normalize, args.layout, args.input_range, args.resize, args.crop)
-    if all(v is None for v in given):
-        return None
-    try:
-        return InputPipeline.from_options(
-            scale=args.scale,
-            normalize=args.normalize,
-            layout=args.layout,
-            input_range=args.input_range,
-            size=args.resize,
-            crop=args.crop,
-        )
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-
-
 def run_convert(args: argparse.Namespace) -> int:
-    if not os.path.isfile(args.model):
-        raise EdgeTrainError(f"{args.model}: no such file (convert takes an ONNX inference model)")
+    cfg = ConvertConfig.from_args(args)
+    if not os.path.isfile(cfg.model):
+        raise EdgeTrainError(f"{cfg.model}: no such file (convert takes an ONNX inference model)")
     from edgetrain.derive.check import (
         frozen_tensors,
         int8_weights,
     )  # build side: loaded once there is a model to convert
     from edgetrain.derive.pipeline import convert  # build side: loaded once there is a model to convert
 
-    loss, optimizer = _make_loss(args), _make_optimizer(args)
-    out = args.output or os.path.splitext(args.model)[0] + ".etrain"
+    loss, optimizer = _make_loss(cfg.loss), _make_optimizer(cfg.optimizer)
+    out = cfg.output or os.path.splitext(cfg.model)[0] + ".etrain"
     if sys.stderr.isatty():  # a status line while it works (seconds for large models); logs get the summary
-        print(
-            f"converting {args.model}: import, loss, gradients, optimizer, memory plan ...", file=sys.stderr
-        )
+        print(f"converting {cfg.model}: import, loss, gradients, optimizer, memory plan ...", file=sys.stderr)
     t0 = time.perf_counter()
-    untie = False if args.untie is None else (args.untie or True)  # --untie alone: every tie
     options = dict(
         loss=loss,
         optimizer=optimizer,
-        trainable=args.trainable,
-        output=args.model_output,
-        untie=untie,
-        parameters=args.parameters,
-        preprocessing=_declared_preprocessing(args),
-        adapters=_lora(args),
-        recompute=args.recompute,
-        memory_budget=args.memory_budget,
-        progress=_budget_progress(args),
+        trainable=_listed(cfg.trainable),
+        output=cfg.model_output,
+        untie=cfg.untie if isinstance(cfg.untie, bool) else list(cfg.untie),
+        parameters=cfg.parameters,
+        preprocessing=cfg.pipeline.pipeline(),
+        adapters=_lora(cfg.lora),
+        recompute=cfg.recompute,
+        memory_budget=cfg.memory_budget,
+        progress=_budget_progress(cfg.memory_budget),
     )
     fallback = None
     try:
-        art = convert(args.model, batch_size=args.batch_size or 32, **options)
+        art = convert(cfg.model, batch_size=cfg.batch_size or 32, **options)
     except RebatchError as e:
-        if args.batch_size is not None:
+        if cfg.batch_size is not None:
             raise
         # --batch-size was not given: a model whose fixed batch cannot be moved trains at that batch
-        art = convert(args.model, batch_size=None, **options)
+        art = convert(cfg.model, batch_size=None, **options)
         fallback = f"kept the model's fixed batch: {e}"
     size = art.save(out)
     seconds = time.perf_counter() - t0
@@ -137,15 +115,16 @@ def run_convert(args: argparse.Namespace) -> int:
     n_frozen = sum(int(art.base.initializers[p].size) for p in frozen)
     batch = art.graph.values[art.data_inputs[0]].shape[0]
     backward = len(art.graph.nodes) - len(art.inference.nodes)
-    print(f"converted {args.model} -> {out} ({mb(size)}) in {duration(seconds)}")
+    print(f"converted {cfg.model} -> {out} ({mb(size)}) in {duration(seconds)}")
     for line in art.notes + ([fallback] if fallback else []):
         print(f"  {line}")
-    if getattr(args, "debug", False) and art.batch_plan is not None:  # every rewritten node, not the summary
+    rebatched = art.section(BatchPlanSection)
+    if cfg.debug and rebatched is not None:  # every rewritten node, not the summary
         print("  every rewritten node:")
-        for line in art.batch_plan.describe(art.base, batch):
+        for line in rebatched.plan.describe(art.base, batch):
             print(f"    {line}")
     print(f"  loss        {_config_text(art.loss_config)}")
-    print(f"  labels      {loss.describe_target(art.inference.info(args.model_output or art.outputs[0]))}")
+    print(f"  labels      {loss.describe_target(art.inference.info(cfg.model_output or art.outputs[0]))}")
     print(f"  optimizer   {_config_text(art.optimizer_config)}")
     print(f"  batch       {batch}")
     ints = int8_weights(art.base)
@@ -161,65 +140,61 @@ def run_convert(args: argparse.Namespace) -> int:
         f"{plural(backward, 'loss, gradient and update node')}; "
         f"memory plan {mb(plan.get('arena_size', 0))} (lower bound {mb(plan.get('lower_bound', 0))})"
     )
-    if args.emit_onnx:
+    if cfg.emit_onnx:
         model = art.training_onnx()
-        atomic_write(args.emit_onnx, model.SerializeToString())
-        print(f"  step ONNX   {args.emit_onnx} (one training step in standard ONNX; onnxruntime runs it)")
+        atomic_write(cfg.emit_onnx, model.SerializeToString())
+        print(f"  step ONNX   {cfg.emit_onnx} (one training step in standard ONNX; onnxruntime runs it)")
     print(f"next: edgetrain train {out} --data DATA --epochs 5")
     return 0
 
 
 def run_check(args: argparse.Namespace) -> int:
-    if getattr(args, "ops", False):
+    cfg = CheckConfig.from_args(args)
+    if cfg.ops:
         from edgetrain.derive.supported import ops_text  # start-up: the rule table loads only for --ops
 
         print(ops_text())
-        if not args.model:
+        if not cfg.model:
             return 0
         print()
-    if not args.model:
+    if not cfg.model:
         raise UsageError("give the MODEL to check, or --ops to list the ops edgetrain supports")
     from edgetrain.derive.check import check  # needs onnx to read the model (inspect and check --ops do not)
 
-    if getattr(args, "memory_budget", None):
-        return _check_budget(args)
-    report = check(args.model, batch_size=args.batch_size or 1)
+    if cfg.memory_budget:
+        return _check_budget(cfg)
+    report = check(cfg.model, batch_size=cfg.batch_size or 1)
     print(report.text())
     return 0 if report.derivable else 1
 
 
-def _budget_progress(args: argparse.Namespace):
+def _budget_progress(memory_budget: str | None):
     """Each option weighed for --memory-budget, as a line on stderr (tens of seconds on a large model)."""
-    if not getattr(args, "memory_budget", None):
+    if not memory_budget:
         return None
     return lambda line: print(line, file=sys.stderr, flush=True)
 
 
-def _check_budget(args: argparse.Namespace) -> int:
+def _check_budget(cfg: CheckConfig) -> int:
     """`check --memory-budget SIZE`: every option weighed, its planned peak and what it trains, and the pick."""
     from edgetrain.derive.budget import parse_bytes, size_text  # build side
     from edgetrain.derive.pipeline import memory_options  # build side
 
-    defaults = dict(loss="cross-entropy", label_smoothing=None, ignore_index=None, class_axis=None, lr=None)
-    defaults.update(momentum=None, nesterov=False, clip_grad_norm=None)
-    step_args = argparse.Namespace(
-        **{**defaults, "optimizer": args.optimizer, "weight_decay": args.weight_decay}
-    )
-    budget = parse_bytes(args.memory_budget)
-    batch = args.batch_size or 32
+    budget = parse_bytes(cfg.memory_budget)
+    batch = cfg.batch_size or 32
     print(
-        f"weighing the ways to train {args.model} at batch {batch} within {size_text(budget)} ...",
+        f"weighing the ways to train {cfg.model} at batch {batch} within {size_text(budget)} ...",
         file=sys.stderr,
     )
-    optimizer = _make_optimizer(step_args)
+    optimizer = _make_optimizer(cfg.optimizer)
     options, pick = memory_options(
-        args.model,
-        loss=_make_loss(step_args),
+        cfg.model,
+        loss=_make_loss(LossConfig()),
         optimizer=optimizer,
         memory_budget=budget,
-        trainable=args.trainable,
+        trainable=_listed(cfg.trainable),
         batch_size=batch,
-        progress=_budget_progress(args),
+        progress=_budget_progress(cfg.memory_budget),
     )
     print(
         f"memory budget {size_text(budget)} ({budget:,} bytes), batch {batch}, {_config_text(optimizer.config())}"
@@ -260,7 +235,7 @@ def _check_budget(args: argparse.Namespace) -> int:
         return 1
     chunked = f", frozen part in {pick.chunks} chunks" if pick.chunks > 1 else ""
     print(
-        f"convert --memory-budget {args.memory_budget} trains {pick.name} (recompute {pick.recompute}{chunked})"
+        f"convert --memory-budget {cfg.memory_budget} trains {pick.name} (recompute {pick.recompute}{chunked})"
     )
     return 0
 
@@ -273,71 +248,79 @@ def run_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-def _lora(args: argparse.Namespace):
+def _lora(cfg: LoraConfig):
     """The LoRA adapter module --lora-rank asks for, or None."""
-    rank = getattr(args, "lora_rank", None)
-    if rank is None:
-        if getattr(args, "lora_alpha", None) is not None or getattr(args, "lora_targets", None):
-            raise UsageError("--lora-alpha and --lora-targets need --lora-rank R")
+    if cfg.rank is None:
         return None
     from edgetrain.derive.adapters import LoRA  # build side
 
-    alpha = args.lora_alpha if args.lora_alpha is not None else 2.0 * rank
-    return LoRA(rank=rank, alpha=alpha, targets=args.lora_targets)
+    alpha = cfg.alpha if cfg.alpha is not None else 2.0 * cfg.rank
+    return LoRA(rank=cfg.rank, alpha=alpha, targets=_listed(cfg.targets))
+
+
+def _listed(patterns: tuple[str, ...] | None) -> list[str] | None:
+    """Names or patterns as the derive side takes them (a list, or None for its default)."""
+    return None if patterns is None else list(patterns)
 
 
 def run_export(args: argparse.Namespace) -> int:
-    sess = open_session(args.artifact)
-    which = load_weights(sess, args.checkpoint, args.artifact)
-    in_graph = not args.no_preprocessing_in_export
-    requantize, float_model = getattr(args, "requantize", False), getattr(args, "float_model", False)
-    if (requantize or float_model) and sess.artifact.quantized is None:
+    cfg = ExportConfig.from_args(args)
+    sess = open_session(cfg.artifact)
+    which = load_weights(sess, cfg.checkpoint, cfg.artifact)
+    if (cfg.requantize or cfg.float_model) and sess.record.section(QuantizedSection) is None:
         raise UsageError(
-            f"--{'requantize' if requantize else 'float'} applies to an int8 model; '{args.artifact}' was converted "
-            "from a float model"
+            f"--{'requantize' if cfg.requantize else 'float'} applies to an int8 model; '{cfg.artifact}' was "
+            "converted from a float model"
         )
-    adapters = getattr(args, "adapters", "merged")
     sess.export_onnx(
-        args.output, preprocessing=in_graph, requantize=requantize, float_model=float_model, adapters=adapters
+        cfg.output,
+        preprocessing=cfg.preprocessing,
+        requantize=cfg.requantize,
+        float_model=cfg.float_model,
+        adapters=cfg.adapters,
     )
-    print(f"exported {args.output} ({mb(os.path.getsize(args.output))}) from {which}")
-    _export_adapters(sess, args, adapters)
-    q = sess.artifact.quantized
+    print(f"exported {cfg.output} ({mb(os.path.getsize(cfg.output))}) from {which}")
+    _export_adapters(sess, cfg)
+    q = sess.record.section(QuantizedSection)
     if q is not None:
-        form = "float (no quantization)" if float_model else f"int8, {q['form']} form as it came"
-        scales = "new scales fitted to the trained weights" if requantize else "the model's scales"
+        form = "float (no quantization)" if cfg.float_model else f"int8, {q.form} form as it came"
+        scales = "new scales fitted to the trained weights" if cfg.requantize else "the model's scales"
         print(
-            f"  {form}; {len(q['weights'])} trained tensor(s) requantized with {scales}"
-            if not float_model
+            f"  {form}; {len(q.weights)} trained tensor(s) requantized with {scales}"
+            if not cfg.float_model
             else f"  {form}"
         )
     pipeline = sess.preprocessing
     if pipeline.declared:
         where = (
             "in the model: it takes raw data"
-            if in_graph
+            if cfg.preprocessing
             else "left to the app (metadata 'edgetrain.preprocessing')"
         )
         print(f"  input pipeline {pipeline.describe()}; {where}")
-    if args.no_check:
+    if not cfg.check:
         return 0
+    return _check_export(sess, cfg)
+
+
+def _check_export(sess, cfg: ExportConfig) -> int:
+    """The exported model run by onnxruntime on a random batch, against the session (0 when they match)."""
     try:
         import onnxruntime as ort  # optional: the check is skipped without it
     except ImportError:
         print("  not checked: onnxruntime is not installed (pip install onnxruntime)")
         return 0
+    q, pipeline = sess.record.section(QuantizedSection), sess.preprocessing
     options = ort.SessionOptions()
     if q is not None:  # the int8 graph as written: onnxruntime's fusions round otherwise than the spec's ops
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    ort_sess = ort.InferenceSession(args.output, options, providers=["CPUExecutionProvider"])
+    ort_sess = ort.InferenceSession(cfg.output, options, providers=["CPUExecutionProvider"])
     x = _random_batch(ort_sess.get_inputs()[0], sess)
-    raw, x = _raw_batch(sess, x) if in_graph and pipeline.declared else (x, x)
+    raw, x = _raw_batch(sess, x) if cfg.preprocessing and pipeline.declared else (x, x)
     got = ort_sess.run(None, {ort_sess.get_inputs()[0].name: raw})[0]
     ref = sess.run(x)
     diff = float(np.max(np.abs(got - ref)))
-    if (
-        requantize or float_model
-    ):  # the session runs the int8 model with its own scales: a comparison, not a check
+    if cfg.requantize or cfg.float_model:  # the session runs the int8 model with its own scales: a comparison
         print(
             f"  run by onnxruntime; against the int8 model with the model's scales, on a random batch: largest "
             f"difference {diff:.1e}"
@@ -352,20 +335,18 @@ def run_export(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def _export_adapters(sess, args: argparse.Namespace, how: str) -> None:
+def _export_adapters(sess, cfg: ExportConfig) -> None:
     """Says how the adapters went into the export; writes --adapter-file."""
-    a = sess.artifact.adapters
-    path = getattr(args, "adapter_file", None)
+    a = sess.record.section(AdaptersSection)
+    path = cfg.adapter_file
     if a is None:
         if path:
-            raise UsageError(
-                f"--adapter-file: '{args.artifact}' has no adapters (convert with --lora-rank R)"
-            )
+            raise UsageError(f"--adapter-file: '{cfg.artifact}' has no adapters (convert with --lora-rank R)")
         return
-    n = len(a["modules"])
+    n = len(a.modules)
     print(
         f"  {n} LoRA adapter(s) "
-        + ("merged into the weights" if how == "merged" else "served: inputs with defaults")
+        + ("merged into the weights" if cfg.adapters == "merged" else "served: inputs with defaults")
     )
     if path:
         fmt = "onnxruntime" if path.endswith(".onnx_adapter") else "edgetrain"
@@ -376,7 +357,7 @@ def _export_adapters(sess, args: argparse.Namespace, how: str) -> None:
 def _random_batch(arg, sess):
     """A random batch the exported model accepts: of its own fixed batch, or 2 for a symbolic one; token ids are
     0 (a valid index whatever the vocabulary)."""
-    info = sess.artifact.program.values[sess.artifact.io["data_inputs"][0]]
+    info = sess.record.program.values[sess.data_inputs[0]]
     batch = arg.shape[0] if arg.shape and isinstance(arg.shape[0], int) else 2
     shape = (batch, *info.shape[1:])
     if np.dtype(info.dtype).kind != "f":

@@ -4,7 +4,8 @@ on Flower's simulation engine (each drawing its own non-IID samples of the data)
 personal layers and central differential privacy, then DIR/summary.json, DIR/global.etck, DIR/global.onnx and
 DIR/accuracy.png; a line per round while it runs (with the bytes each client sent and received against the full
 model's), a readable summary at the end (a simulation's with its speed and peak memory); every process stopped
-after. --adapters-only shares a LoRA artifact's adapters alone. (The arguments are in edgetrain.cli.parser.)"""
+after. --adapters-only shares a LoRA artifact's adapters alone. (The options are in edgetrain.cli.options, their
+configuration in edgetrain.cli.federate_config.)"""
 
 from __future__ import annotations
 
@@ -17,80 +18,20 @@ from typing import Any
 
 import numpy as np
 
-from edgetrain.core.container import atomic_write
+from edgetrain.core.atomic import atomic_write
 from edgetrain.core.errors import EdgeTrainError, UsageError
 from edgetrain.federated.common import model_bytes, no_adapters, partition
 from edgetrain.federated.deploy import APP_DIR, Deployment
+from edgetrain.graph.sections import AdaptersSection
 from edgetrain.runtime.feeding import DataOptions, open_feed
 from edgetrain.runtime.progress import duration, mb, percent
 from edgetrain.runtime.trainer import session_batch
 
 from .common import open_session
+from .federate_config import FederateConfig
 
 
-def _check_robustness(args: argparse.Namespace) -> None:
-    """The door's, the rule's and the privacy options: each in its range, and only in combinations that work."""
-    if args.byzantine < 0:
-        raise UsageError(f"--byzantine must be 0 or more, got {args.byzantine}")
-    if not 0.0 <= args.trim < 0.5:
-        raise UsageError(f"--trim is the share cut off at each end: from 0 to below 0.5, got {args.trim:g}")
-    if args.max_update_norm is not None and not args.max_update_norm > 0:
-        raise UsageError(f"--max-update-norm must be positive, got {args.max_update_norm:g}")
-    if not args.round_timeout > 0:
-        raise UsageError(f"--round-timeout must be a positive number of seconds, got {args.round_timeout:g}")
-    if args.min_replies is not None and args.min_replies < 1:
-        raise UsageError(f"--min-replies must be a positive integer, got {args.min_replies}")
-    if args.local_dp is not None and not args.local_dp > 0:
-        raise UsageError(f"--local-dp is epsilon: it must be positive, got {args.local_dp:g}")
-    if not args.local_dp_clip > 0 or not 0 < args.local_dp_delta < 1 or not args.secagg_clip > 0:
-        raise UsageError("--local-dp-clip and --secagg-clip must be positive, --local-dp-delta from 0 to 1")
-    private = args.secure_aggregation or args.local_dp is not None
-    if private and args.aggregate != "fedavg":
-        raise UsageError(
-            f"--aggregate {args.aggregate} needs each client's update, which "
-            + (
-                "--secure-aggregation hides"
-                if args.secure_aggregation
-                else "Flower's local-DP path does not keep"
-            )
-            + ": use it without them, or --aggregate fedavg"
-        )
-    if private and args.dp_noise is not None:
-        raise UsageError(
-            "central DP (--dp-noise) does not combine with --secure-aggregation or --local-dp: pick one"
-        )
-    if args.secure_aggregation and (args.clients_per_round or args.clients) < 3:
-        raise UsageError(
-            "--secure-aggregation needs at least 3 clients a round (SecAgg+ shares keys among them)"
-        )
-
-
-def _check(args: argparse.Namespace) -> None:
-    for flag in (
-        "clients",
-        "rounds",
-        "local_epochs",
-        "local_steps",
-        "clients_per_round",
-        "sim_samples",
-        "sim_workers",
-    ):
-        v = getattr(args, flag, None)
-        if v is not None and v < 1:
-            raise UsageError(f"--{flag.replace('_', '-')} must be a positive integer, got {v}")
-    _check_robustness(args)
-    if args.clients_per_round is not None and args.clients_per_round > args.clients:
-        raise UsageError(
-            f"--clients-per-round {args.clients_per_round} is more than --clients {args.clients}"
-        )
-    if args.seed < 0:
-        raise UsageError(f"--seed must be >= 0, got {args.seed}")
-    if not args.simulate and (args.sim_samples is not None or args.sim_workers is not None):
-        raise UsageError("--sim-samples and --sim-workers set up a simulated run: add --simulate")
-    if (args.dp_noise is None) != (args.dp_clip is None):
-        raise UsageError("differential privacy needs both --dp-noise and --dp-clip")
-    if args.dp_noise is not None and (args.dp_noise <= 0 or args.dp_clip <= 0):
-        raise UsageError("--dp-noise and --dp-clip must be positive")
+def _flower_installed() -> None:
     try:
         import flwr  # noqa: F401  (optional, the federated extra: only to say so when it is missing)
     except ImportError:
@@ -99,14 +40,14 @@ def _check(args: argparse.Namespace) -> None:
         ) from None
 
 
-def _clients(args: argparse.Namespace, sess, out: str) -> list[dict[str, Any]]:
+def _clients(cfg: FederateConfig, sess, out: str) -> list[dict[str, Any]]:
     """Splits --data among the clients; each gets a home holding its share as an .npz of the samples as read
     (raw: each device applies the model's input pipeline itself, as it does to its own data; storing them
     transformed would have them scaled twice), as a device would hold its own data."""
-    feed = open_feed(args.data, "train", sess, DataOptions())
+    feed = open_feed(cfg.data, "train", sess, DataOptions())
     for note in feed.notices:
         print(f"note: {note}", file=sys.stderr)
-    parts = partition(feed.view, args.clients, args.partition or "iid", seed=args.seed)
+    parts = partition(feed.view, cfg.clients, cfg.partition or "iid", seed=cfg.seed)
     nodes = []
     for k, idx in enumerate(parts):
         home = os.path.join(out, "clients", f"client-{k}")
@@ -115,27 +56,28 @@ def _clients(args: argparse.Namespace, sess, out: str) -> list[dict[str, Any]]:
         data = os.path.join(home, "data.npz")
         np.savez(data, x=x, y=y)
         nodes.append(
-            {"partition-id": k, "artifact": os.path.abspath(args.artifact), "data": data, "home": home}
+            {"partition-id": k, "artifact": os.path.abspath(cfg.artifact), "data": data, "home": home}
         )
     return nodes
 
 
 def run_federate(args: argparse.Namespace) -> int:
-    _check(args)
-    sess = open_session(args.artifact)
-    if getattr(args, "adapters_only", False) and not sess.artifact.adapters:
-        raise UsageError(no_adapters(args.artifact))
-    out = os.path.abspath(args.out)
+    cfg = FederateConfig.from_args(args)
+    _flower_installed()
+    sess = open_session(cfg.artifact)
+    if cfg.adapters_only and sess.record.section(AdaptersSection) is None:
+        raise UsageError(no_adapters(cfg.artifact))
+    out = os.path.abspath(cfg.out)
     if os.path.exists(os.path.join(out, "summary.json")):
         raise UsageError(f"{out} holds the results of an earlier federation: pick a new --out folder")
     os.makedirs(out, exist_ok=True)
-    run_config = run_config_of(args, out)
+    run_config = cfg.run_config(out)
     t0 = time.perf_counter()
-    progress = _Progress(out, args.rounds, model_bytes(sess))
-    if args.simulate:
-        speed = _simulate(args, sess, out, run_config, progress)
+    progress = _Progress(out, cfg.rounds, model_bytes(sess))
+    if cfg.simulation.simulate:
+        speed = _simulate(cfg, sess, out, run_config, progress)
     else:
-        _deploy(args, sess, out, run_config, progress)
+        _deploy(cfg, sess, out, run_config, progress)
         speed = None
     progress.flush()
     seconds = time.perf_counter() - t0
@@ -150,72 +92,41 @@ def run_federate(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_config_of(args: argparse.Namespace, out: str) -> dict[str, Any]:
-    """The server's run config (the app's pyproject.toml declares every key) from the command's arguments."""
-    run_config = {
-        "artifact": os.path.abspath(args.artifact),
-        "rounds": args.rounds,
-        "local-epochs": args.local_epochs or (0 if args.local_steps else 1),
-        "local-steps": args.local_steps or 0,
-        "lr": float(args.lr or 0.0),
-        "personal": ",".join(args.personal or []),
-        "adapters-only": bool(getattr(args, "adapters_only", False)),
-        "dp-noise": float(args.dp_noise or 0.0),
-        "dp-clip": float(args.dp_clip or 0.0),
-        "val-data": os.path.abspath(args.val_data) if args.val_data else "",
-        "out": out,
-        "min-clients": args.clients,
-        "seed": args.seed,
-    }
-    if args.clients_per_round:
-        run_config["clients-per-round"] = args.clients_per_round
-    run_config.update(
-        {
-            "aggregate": args.aggregate,
-            "byzantine": args.byzantine,
-            "trim": float(args.trim),
-            "max-update-norm": float(args.max_update_norm or 0.0),
-            "min-replies": args.min_replies or 0,
-            "round-timeout": float(args.round_timeout),
-            "secure-aggregation": bool(args.secure_aggregation),
-            "secagg-clip": float(args.secagg_clip),
-            "local-dp-epsilon": float(args.local_dp or 0.0),
-            "local-dp-clip": float(args.local_dp_clip),
-            "local-dp-delta": float(args.local_dp_delta),
-        }
-    )
-    return run_config
+def run_config_of(cfg: FederateConfig | argparse.Namespace, out: str) -> dict[str, Any]:
+    """The server's run config (the app's pyproject.toml declares every key) of a federation, or of a parsed
+    `edgetrain federate` command line (read into its FederateConfig first)."""
+    if isinstance(cfg, argparse.Namespace):
+        cfg = FederateConfig.from_args(cfg)
+    return cfg.run_config(out)
 
 
-def _deploy(args: argparse.Namespace, sess, out: str, run_config: dict[str, Any], progress) -> None:
-    nodes = _clients(args, sess, out)
+def _deploy(cfg: FederateConfig, sess, out: str, run_config: dict[str, Any], progress) -> None:
+    nodes = _clients(cfg, sess, out)
     sizes = ", ".join(str(len(_samples(n["data"]))) for n in nodes)
     print(
-        f"federating {args.artifact}: {args.clients} clients ({args.partition or 'iid'}; {sizes} samples), "
-        f"{args.rounds} rounds on a Flower deployment on 127.0.0.1 (logs in {_shown(os.path.join(out, 'flower'))})",
+        f"federating {cfg.artifact}: {cfg.clients} clients ({cfg.partition or 'iid'}; {sizes} samples), "
+        f"{cfg.rounds} rounds on a Flower deployment on 127.0.0.1 (logs in {_shown(os.path.join(out, 'flower'))})",
         file=sys.stderr,
     )
     with Deployment(os.path.join(out, "flower"), nodes) as d:
         d.run(APP_DIR, run_config, on_line=progress)
 
 
-def _simulate(
-    args: argparse.Namespace, sess, out: str, run_config: dict[str, Any], progress
-) -> dict[str, Any]:
+def _simulate(cfg: FederateConfig, sess, out: str, run_config: dict[str, Any], progress) -> dict[str, Any]:
     """The run on Flower's simulation engine: each simulated device takes its own draw of --data (see
     edgetrain.federated.simulation) and its home in OUT/clients; returns how the run was set up and its peak
     memory."""
     from edgetrain.federated.simulation import Simulation, shard  # Ray is needed only here
 
-    scheme = args.partition or "label-skew"
-    feed = open_feed(args.data, "train", sess, DataOptions())
+    scheme = cfg.partition or "label-skew"
+    feed = open_feed(cfg.data, "train", sess, DataOptions())
     for note in feed.notices:
         print(f"note: {note}", file=sys.stderr)
-    n, samples = feed.view.size(), args.sim_samples or 40
+    n, samples = feed.view.size(), cfg.simulation.samples or 40
     if samples > n:
-        raise UsageError(f"--sim-samples {samples} is more than the {n} samples of {args.data}")
+        raise UsageError(f"--sim-samples {samples} is more than the {n} samples of {cfg.data}")
     shard(
-        feed.view.labels(), 0, samples=samples, scheme=scheme, seed=args.seed
+        feed.view.labels(), 0, samples=samples, scheme=scheme, seed=cfg.seed
     )  # refuses what cannot be drawn
     held_out = int(round(0.2 * samples))  # as each device splits its own data (client.py: val-fraction)
     batch = session_batch(sess) or 32
@@ -224,27 +135,27 @@ def _simulate(
             f"--sim-samples {samples} leaves each device {samples - held_out} samples to train on after the fifth "
             f"it holds out, less than the artifact's batch of {batch}: ask for at least {-(-batch * 5 // 4)}"
         )
-    workers = args.sim_workers or max(1, min(os.cpu_count() or 1, 4))
-    per_round = args.clients_per_round or args.clients
+    workers = cfg.simulation.workers or max(1, min(os.cpu_count() or 1, 4))
+    per_round = cfg.clients_per_round or cfg.clients
     run_config.update(
         {
-            "sim-data": os.path.abspath(args.data),
+            "sim-data": os.path.abspath(cfg.data),
             "sim-partition": scheme,
             "sim-samples": samples,
             "sim-home": os.path.join(out, "clients"),
         }
     )
     print(
-        f"federating {args.artifact}: {args.clients:,} simulated clients ({scheme}; {samples} samples each, "
-        f"drawn from {args.data}), {per_round:,} a round, {args.rounds} rounds on Flower's simulation engine "
+        f"federating {cfg.artifact}: {cfg.clients:,} simulated clients ({scheme}; {samples} samples each, "
+        f"drawn from {cfg.data}), {per_round:,} a round, {cfg.rounds} rounds on Flower's simulation engine "
         f"(Ray, {workers} workers; logs in {_shown(os.path.join(out, 'flower'))})",
         file=sys.stderr,
     )
-    with Simulation(os.path.join(out, "flower"), clients=args.clients, workers=workers) as sim:
+    with Simulation(os.path.join(out, "flower"), clients=cfg.clients, workers=workers) as sim:
         sim.run(APP_DIR, run_config, on_line=progress)
     return {
         "engine": "Flower's simulation engine (Ray backend)",
-        "clients": args.clients,
+        "clients": cfg.clients,
         "clients_per_round": per_round,
         "partition": scheme,
         "samples_per_client": samples,

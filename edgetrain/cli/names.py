@@ -1,5 +1,5 @@
-"""The command line's names of the losses and optimizers: --loss NAME -> the loss class in edgetrain.derive.losses;
---optimizer NAME -> its default learning rate."""
+"""The command line's names: --loss NAME -> the loss class in edgetrain.derive.losses; --optimizer NAME -> its
+default learning rate; an option's name from its name in a configuration or a checkpoint."""
 
 LOSSES = {
     "cross-entropy": "CrossEntropyLoss",
@@ -9,3 +9,8 @@ LOSSES = {
     "bce": "BCEWithLogitsLoss",
 }
 DEFAULT_LR = {"sgd": 0.01, "adam": 0.001, "adamw": 0.001}
+
+
+def flag(dest: str) -> str:
+    """An option's name on the command line from its name in a config or a checkpoint: val_split -> --val-split."""
+    return "--" + dest.replace("_", "-")

@@ -1,7 +1,7 @@
-"""The device-side commands train and eval (numpy, loaders and the runtime only): the user's data fitted to the
-model's input, learning-rate schedules from their command-line text, a run's options recorded in its checkpoint
-and restored by --resume, --init-from, Ctrl-C and SIGTERM saving the step a run stopped at, and the summaries a
-person reads."""
+"""The device-side commands train and eval (numpy, loaders and the runtime only): a run's configuration
+(edgetrain.cli.config, which --resume fills from the checkpoint) turned into the session, the user's data fitted to
+the model's input, the schedule and the Trainer, which records the run's options in its checkpoints; --init-from,
+Ctrl-C and SIGTERM saving the step a run stopped at, and the summaries a person reads."""
 
 from __future__ import annotations
 
@@ -18,35 +18,23 @@ import numpy as np
 
 from edgetrain.core.container import inspect_container
 from edgetrain.core.errors import ConfigError, EdgeTrainError, FeedError, UsageError
-from edgetrain.runtime.feeding import open_feed, parse_options
+from edgetrain.runtime.feeding import open_feed
 from edgetrain.runtime.progress import TrainProgress, duration, epoch_line, percent
-from edgetrain.runtime.schedules import ConstantLR, CosineLR, StepLR, WarmupLR, schedule_from_config
+from edgetrain.runtime.schedules import schedule_from_config
 from edgetrain.runtime.threads import blas_threads
 from edgetrain.runtime.trainer import Trainer, evaluate, session_batch
-from loaders import Augment, DataLoader, fingerprint, parse_normalize, parse_scale, split
+from loaders import Augment, DataLoader, fingerprint, split
 
 from .common import default_checkpoint, load_weights, open_session, plural
+from .config import EvalConfig, ReadingConfig, RunConfig, TrainConfig
 from .curves import plot_history
 
 
-def _data_options(args: argparse.Namespace):
-    try:
-        return parse_options(
-            args.layout,
-            args.scale,
-            args.normalize,
-            getattr(args, "x_key", None),
-            getattr(args, "y_key", None),
-        )
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-
-
-def _feed(path: str, which: str, session, args: argparse.Namespace):
+def _feed(path: str, which: str, session, reading: ReadingConfig):
     # --cast: integer samples fed to a float input as they are
-    session.allow_cast = bool(getattr(args, "cast", None))
+    session.allow_cast = reading.cast
     try:
-        feed = open_feed(path, which, session, _data_options(args))
+        feed = open_feed(path, which, session, reading.data_options())
     except FeedError as e:
         if getattr(e, "cast_refused", False):  # an option is missing: --scale or --cast
             raise UsageError(str(e)) from None
@@ -56,30 +44,31 @@ def _feed(path: str, which: str, session, args: argparse.Namespace):
     return feed
 
 
-def _loaders(args: argparse.Namespace, session, batch: int):
-    feed = _feed(args.data, "train", session, args)
+def _loaders(run: RunConfig, session, batch: int):
+    data = run.data
+    feed = _feed(data.data, "train", session, data.reading)
     view, transform = feed.view, feed.transform
     val_view = None
-    if args.val_data is not None:
-        val_feed = _feed(args.val_data, "test", session, args)
+    if data.val_data is not None:
+        val_feed = _feed(data.val_data, "test", session, data.reading)
         val_view, vtransform = val_feed.view, val_feed.transform
-    elif args.val_split:
-        view, val_view = split(view, (1 - args.val_split, args.val_split), seed=args.seed)
+    elif data.val_split:
+        view, val_view = split(view, (1 - data.val_split, data.val_split), seed=run.seed)
         vtransform = transform
     n = view.size()
     if n < batch:
         raise EdgeTrainError(
-            f"{args.data}: {n} training samples make no batch of {batch} (the artifact's batch size); "
+            f"{data.data}: {n} training samples make no batch of {batch} (the artifact's batch size); "
             f"convert with --batch-size {n} or less"
         )
     train = DataLoader(
         view,
         batch,
-        shuffle=not args.no_shuffle,
-        seed=args.seed,
+        shuffle=run.shuffle,
+        seed=run.seed,
         drop_last=n % batch != 0,
         batch_transform=transform,
-        augment=_augment(args.augment, transform),
+        augment=_augment(run.augment, transform),
     )
     val = None if val_view is None else DataLoader(val_view, batch, batch_transform=vtransform)
     return train, val
@@ -100,26 +89,6 @@ def _augment(text: str | None, transform) -> Augment | None:
         raise UsageError(f"--augment {text}: {e}") from None
 
 
-def _schedule(text: str | None, warmup: int, total_steps: int):
-    kind, _, rest = (text or "constant").partition(":")
-    values = [v for v in rest.split(":") if v] if rest else []
-    try:
-        nums = [float(v) for v in values]
-    except ValueError:
-        raise UsageError(f"--lr-schedule {text}: the values after ':' must be numbers") from None
-    if kind == "constant" and not nums:
-        schedule = ConstantLR()
-    elif kind == "step" and 1 <= len(nums) <= 2 and nums[0] == int(nums[0]) and nums[0] >= 1:
-        schedule = StepLR(int(nums[0]), *nums[1:])
-    elif kind == "cosine" and len(nums) <= 1:
-        schedule = CosineLR(total_steps, *nums)
-    else:
-        raise UsageError(
-            f"--lr-schedule {text}: use constant, step:STEPS[:GAMMA] (e.g. step:100:0.5) or cosine[:MIN_LR]"
-        )
-    return WarmupLR(schedule, warmup) if warmup else schedule
-
-
 def _schedule_text(cfg: dict[str, Any]) -> str:
     kind = cfg.get("type")
     if kind == "StepLR":
@@ -131,93 +100,11 @@ def _schedule_text(cfg: dict[str, Any]) -> str:
     return "constant"
 
 
-# Options of `train` that a checkpoint records and --resume restores: dest -> default when neither given nor recorded.
-RECORDED = {
-    "epochs": 1,
-    "lr": None,
-    "lr_schedule": None,
-    "warmup": 0,
-    "seed": 0,
-    "val_split": None,
-    "val_data": None,
-    "early_stopping": None,
-    "no_shuffle": False,
-    "layout": None,
-    "scale": None,
-    "normalize": None,
-    "cast": False,
-    "x_key": None,
-    "y_key": None,
-    "augment": None,
-    "checkpoint_every": None,
-}
-# Options a checkpoint also records, which --resume takes when they are not given and which may be given anew: the
-# data (checked to be the same samples), the history file (continued) and the plot.
-CARRIED = ("data", "log", "plot")
-
-
-def _flag(dest: str) -> str:
-    return "--" + dest.replace("_", "-")
-
-
-def _same_option(dest: str, given: Any, recorded: Any) -> bool:
-    """Whether a repeated option says what the run recorded (values, not spellings: 1/255 is 0.00392...)."""
-    parse = {"scale": parse_scale, "normalize": parse_normalize}.get(dest)
-    if parse is None or given is None or recorded is None:
-        return given == recorded
-    try:
-        return bool(np.allclose(np.ravel(parse(given)), np.ravel(parse(recorded)), rtol=1e-12, atol=0))
-    except ValueError:
-        return False
-
-
-def _restore_options(args: argparse.Namespace, checkpoint: str) -> dict[str, Any]:
-    """On --resume: the run's recorded options fill the ones not given, and a given one that contradicts the run is
-    a usage error (--epochs excepted: a run can be made longer). Returns the checkpoint's trainer settings."""
-    state = inspect_container(checkpoint)["header"].get("user_state", {})
-    if state.get("trainer") != 1:
-        raise EdgeTrainError(
-            f"--resume: {checkpoint} was not written by `edgetrain train`; it holds no run to continue"
-        )
-    recorded = state.get("run_options") or {}
-    for dest, value in recorded.items():
-        given = getattr(args, dest, None)
-        if dest not in RECORDED or dest == "epochs":
-            continue
-        if given is not None and not _same_option(dest, given, value):
-            was = (
-                "not set"
-                if value in (None, False)
-                else f"{_flag(dest)} {value}"
-                if value is not True
-                else "set"
-            )
-            raise UsageError(
-                f"{_flag(dest)} {given if given is not True else ''}".rstrip()
-                + f" conflicts with the run in {checkpoint} ({was} there): leave it out to continue that run as "
-                f"it was, or start a new run from its weights with --init-from {checkpoint}"
-            )
-        setattr(args, dest, value)
-    if args.epochs is None:
-        args.epochs = recorded.get("epochs")
-    for dest in CARRIED:
-        if getattr(args, dest) is None:
-            setattr(args, dest, recorded.get(dest))
-    if args.data is None:
-        raise UsageError(f"--resume: the run in {checkpoint} recorded no training data: give it with --data")
-    if not os.path.exists(args.data):
-        raise ConfigError(
-            f"--resume: the run in {checkpoint} trained on {args.data}, which is not there any more: put it back "
-            f"(or give its new place with --data), or train on other data from the run's weights: "
-            f"edgetrain train {args.artifact} --data NEW --init-from {checkpoint}"
-        )
-    return {**(state.get("settings") or {}), "step": state.get("step", 0), "epoch": state.get("epoch", 0)}
-
-
-def _check_same_data(args: argparse.Namespace, settings: dict[str, Any], train, val, checkpoint: str) -> None:
+def _check_same_data(cfg: TrainConfig, train, val) -> None:
     """--resume: the samples must be those the run trained and validated on (the checkpoint's fingerprints of
     them), or the result would be no continuation of that run; new data starts a new run from its weights."""
-    for key, loader, path in (("data", train, args.data), ("val_data", val, args.val_data or args.data)):
+    settings, data, checkpoint = cfg.resumed, cfg.run.data, cfg.checkpoint
+    for key, loader, path in (("data", train, data.data), ("val_data", val, data.val_data or data.data)):
         if key not in settings:  # a checkpoint from before fingerprints were recorded
             continue
         then, now = settings[key], None if loader is None else fingerprint(loader.view)
@@ -233,49 +120,45 @@ def _check_same_data(args: argparse.Namespace, settings: dict[str, Any], train, 
             f"--resume: {path} is not the data the run in {checkpoint} "
             f"{'trained' if key == 'data' else 'validated'} on ({how}): to continue that run, put its data back; "
             f"to train on this data from the run's weights, start a new run: "
-            f"edgetrain train {args.artifact} --data {args.data} --init-from {checkpoint}"
+            f"edgetrain train {cfg.artifact} --data {data.data} --init-from {checkpoint}"
         )
 
 
 def run_train(args: argparse.Namespace) -> int:
     """`edgetrain train`: options -> session -> data -> the run -> its summary; 1 when the loss went non-finite,
     130 (Ctrl-C) or 143 (SIGTERM) when a signal stopped the run (which saved the step it stopped at)."""
-    checkpoint, settings = _train_options(args)
-    sess = _train_session(args)
+    cfg = TrainConfig.from_args(args)
+    sess = _train_session(cfg)
     batch = session_batch(sess) or 32
-    train, val = _loaders(args, sess, batch)
-    if args.resume:
-        _check_same_data(args, settings, train, val, checkpoint)
-    if args.early_stopping and val is None:
-        raise UsageError("--early-stopping needs validation data: --val-data PATH or --val-split F")
-    total = args.epochs * len(train)
-    schedule = _run_schedule(args, settings, total, checkpoint)
-    bar = TrainProgress(total, batch, done_steps=int(settings.get("step", 0)))
-    trainer = _trainer(args, sess, train, val, schedule, checkpoint, bar)
-    print(_data_line(args, train, val, batch), file=sys.stderr)
-    base_lr = trainer.base_lr if args.resume else sess.lr
-    print(_lr_line(args, base_lr, schedule, checkpoint, settings), file=sys.stderr)
-    return _fit_and_report(args, trainer, bar, checkpoint, batch)
+    train, val = _loaders(cfg.run, sess, batch)
+    if cfg.resume:
+        _check_same_data(cfg, train, val)
+    total = cfg.run.epochs * len(train)
+    schedule = _run_schedule(cfg, total)
+    bar = TrainProgress(total, batch, done_steps=int(cfg.resumed.get("step", 0)))
+    trainer = _trainer(cfg, sess, train, val, schedule, bar)
+    print(_data_line(cfg, train, val, batch), file=sys.stderr)
+    base_lr = trainer.base_lr if cfg.resume else sess.lr
+    print(_lr_line(cfg, base_lr, schedule), file=sys.stderr)
+    return _fit_and_report(cfg, trainer, bar, batch)
 
 
-def _fit_and_report(
-    args: argparse.Namespace, trainer: Trainer, bar: TrainProgress, checkpoint: str, batch: int
-) -> int:
+def _fit_and_report(cfg: TrainConfig, trainer: Trainer, bar: TrainProgress, batch: int) -> int:
     """The run, stopped by Ctrl-C or SIGTERM as _SignalStop says, then its summary and plot; the exit code."""
     t0 = time.perf_counter()
     with _SignalStop(trainer) as signals:
         try:
-            result = trainer.fit(resume=args.resume)
+            result = trainer.fit(resume=cfg.resume)
         except KeyboardInterrupt:  # a second signal: quit now, with the checkpoint the run last wrote
             result = None
         signals.ended = True
         bar.close()
         if result is None:
-            _quit_unsaved(args, checkpoint, trainer, signals.caught[-1])
+            _quit_unsaved(cfg, trainer, signals.caught[-1])
             return 128 + signals.caught[0]
-        _train_summary(args, result, time.perf_counter() - t0, batch, checkpoint, bar)
-        if args.plot:
-            _plot(args, result)
+        _train_summary(cfg, result, time.perf_counter() - t0, batch, bar)
+        if cfg.run.plot:
+            _plot(cfg, result)
     if result.interrupted:
         return 128 + signals.caught[0]
     nonfinite = result.stopped_early and result.stop_reason.startswith("non-finite")
@@ -327,11 +210,11 @@ def _say(text: str) -> None:
     os.write(2, text.encode("utf-8", "replace"))
 
 
-def _resume_command(args: argparse.Namespace, checkpoint: str) -> str:
+def _resume_command(cfg: TrainConfig) -> str:
     """The command that continues the run: its options are in the checkpoint, all but where that is."""
-    words = ["edgetrain", "train", args.artifact, "--resume"]
-    if os.path.abspath(checkpoint) != os.path.abspath(default_checkpoint(args.artifact)):
-        words += ["--checkpoint", checkpoint]
+    words = ["edgetrain", "train", cfg.artifact, "--resume"]
+    if os.path.abspath(cfg.checkpoint) != os.path.abspath(default_checkpoint(cfg.artifact)):
+        words += ["--checkpoint", cfg.checkpoint]
     return shlex.join(words)
 
 
@@ -350,135 +233,104 @@ def _position(checkpoint: str) -> str:
     return f"step {state.get('step')} (epoch {epoch + 1} of {epochs}, {done})"
 
 
-def _quit_unsaved(args: argparse.Namespace, checkpoint: str, trainer: Trainer, signum: int) -> None:
+def _quit_unsaved(cfg: TrainConfig, trainer: Trainer, signum: int) -> None:
     """After a second signal: what the checkpoint on disk holds, and how to go on from it."""
     print(f"quit at step {trainer.step} without saving it ({_SIGNAL_NAMES[signum]} twice)")
     if trainer.saved_step is None:
-        print(f"  no checkpoint of this run was written yet ({checkpoint}): there is nothing to continue")
+        print(f"  no checkpoint of this run was written yet ({cfg.checkpoint}): there is nothing to continue")
         return
-    print(f"  checkpoint  {checkpoint}: {_position(checkpoint)}")
-    print(f"continue with: {_resume_command(args, checkpoint)}")
+    print(f"  checkpoint  {cfg.checkpoint}: {_position(cfg.checkpoint)}")
+    print(f"continue with: {_resume_command(cfg)}")
 
 
-def _plot(args: argparse.Namespace, result) -> None:
+def _plot(cfg: TrainConfig, result) -> None:
     """--plot: the curves of the run's whole history (a resumed run's included)."""
-    title = f"edgetrain train {os.path.basename(args.artifact)} on {args.data}"
-    if plot_history(args.plot, result.history, title=title):
-        print(f"  plot        {args.plot}")
+    plot = cfg.run.plot
+    title = f"edgetrain train {os.path.basename(cfg.artifact)} on {cfg.run.data.data}"
+    if plot_history(plot, result.history, title=title):
+        print(f"  plot        {plot}")
     else:
         print(
-            f"note: --plot {args.plot}: no plot drawn, matplotlib is not installed (pip install matplotlib); "
+            f"note: --plot {plot}: no plot drawn, matplotlib is not installed (pip install matplotlib); "
             f"the run itself is complete",
             file=sys.stderr,
         )
 
 
-def _train_options(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
-    """The command line -> (the checkpoint, the trainer settings of the run --resume continues, else {}); fills in
-    the options a resumed run recorded and the defaults, and refuses options that do not go together."""
-    checkpoint = args.checkpoint or default_checkpoint(args.artifact)
-    if args.resume and args.init_from:
-        raise UsageError("--resume continues a run, --init-from starts a new one from a checkpoint: give one")
-    if args.resume and not os.path.exists(checkpoint):
-        raise EdgeTrainError(f"--resume: there is no checkpoint at {checkpoint} to continue from")
-    if args.data is None and not args.resume:
-        raise UsageError(
-            "--data is required: the training data (an MNIST directory or idx pair, .npz or .csv); only --resume "
-            "finds it in the checkpoint"
-        )
-    replaces_own_start = args.init_from and os.path.abspath(args.init_from) == os.path.abspath(checkpoint)
-    if os.path.exists(checkpoint) and not (args.resume or args.overwrite or replaces_own_start):
-        raise UsageError(
-            f"checkpoint {checkpoint} exists: --resume to continue that run, --init-from {checkpoint} to start a "
-            f"new run from its weights, --overwrite to start over, or --checkpoint NEW.etck"
-        )
-    settings = _restore_options(args, checkpoint) if args.resume else {}
-    for dest, default in RECORDED.items():
-        if getattr(args, dest) is None:
-            setattr(args, dest, default)
-    _check_train_options(args)
-    return checkpoint, settings
-
-
-def _train_session(args: argparse.Namespace):
+def _train_session(cfg: TrainConfig):
     """The artifact's session, from --init-from's weights when given, at --lr; and the process's BLAS threads."""
-    sess = open_session(args.artifact)
-    if args.init_from:
-        sess.load_checkpoint(args.init_from)
+    sess = open_session(cfg.artifact)
+    if cfg.init_from:
+        sess.load_checkpoint(cfg.init_from)
         print(
-            f"starting a new run from the weights of {args.init_from} (step {sess.step} of its run)",
+            f"starting a new run from the weights of {cfg.init_from} (step {sess.step} of its run)",
             file=sys.stderr,
         )
-        sess.lr = float(sess.artifact.header["optimizer"].get("lr", sess.lr))
-    if args.lr is not None:
-        sess.lr = args.lr
-    if args.threads is not None:
-        if args.threads < 1:
-            raise UsageError(f"--threads must be at least 1, not {args.threads}")
-        now, how = blas_threads(args.threads)
+        sess.lr = sess.record.optimizer.lr
+    if cfg.run.schedule.lr is not None:
+        sess.lr = cfg.run.schedule.lr
+    if cfg.threads is not None:
+        now, how = blas_threads(cfg.threads)
         if now is None:
-            print(f"--threads {args.threads} was not applied: {how}", file=sys.stderr)
-    if args.feature_cache_mb < 0:
-        raise UsageError(f"--feature-cache-mb must be 0 (off) or more, not {args.feature_cache_mb:g}")
+            print(f"--threads {cfg.threads} was not applied: {how}", file=sys.stderr)
     return sess
 
 
-def _run_schedule(args: argparse.Namespace, settings: dict[str, Any], total: int, checkpoint: str):
+def _run_schedule(cfg: TrainConfig, total: int):
     """The learning-rate schedule: a resumed run keeps its own exactly (a cosine keeps its length), a new one
     follows --lr-schedule and --warmup."""
-    if settings.get("schedule"):
-        schedule = schedule_from_config(settings["schedule"])
-        _check_schedule_covers(schedule, total, int(settings.get("step", 0)), checkpoint)
+    if cfg.resumed.get("schedule"):
+        schedule = schedule_from_config(cfg.resumed["schedule"])
+        _check_schedule_covers(schedule, total, int(cfg.resumed.get("step", 0)), cfg.checkpoint)
         return schedule
-    return _schedule(args.lr_schedule, args.warmup, total)
+    return cfg.run.schedule.make(total)
 
 
-def _trainer(
-    args: argparse.Namespace, sess, train, val, schedule, checkpoint: str, bar: TrainProgress
-) -> Trainer:
+def _trainer(cfg: TrainConfig, sess, train, val, schedule, bar: TrainProgress) -> Trainer:
     """The Trainer of the run, with the options --resume will restore recorded in its checkpoints."""
     classification = sess.num_classes is not None
+    run = cfg.run
     return Trainer(
         sess,
         train,
         val_loader=val,
-        epochs=args.epochs,
+        epochs=run.epochs,
         schedule=schedule,
-        checkpoint=checkpoint,
-        checkpoint_every=args.checkpoint_every,
+        checkpoint=cfg.checkpoint,
+        checkpoint_every=run.checkpoint_every,
         early_stopping=(
-            {"metric": "val_accuracy" if classification else "val_loss", "patience": args.early_stopping}
-            if args.early_stopping
+            {"metric": "val_accuracy" if classification else "val_loss", "patience": run.early_stopping}
+            if run.early_stopping
             else None
         ),
-        history=args.log,
+        history=run.log,
         progress=bar,
         classification=classification,
-        run_options={dest: getattr(args, dest) for dest in (*RECORDED, *CARRIED)},
-        feature_cache=args.feature_cache_mb > 0,
-        feature_cache_bytes=int(args.feature_cache_mb * 2**20),
+        run_options=run.to_json(),
+        feature_cache=cfg.feature_cache_mb > 0,
+        feature_cache_bytes=int(cfg.feature_cache_mb * 2**20),
     )
 
 
-def _data_line(args: argparse.Namespace, train: DataLoader, val: DataLoader | None, batch: int) -> str:
+def _data_line(cfg: TrainConfig, train: DataLoader, val: DataLoader | None, batch: int) -> str:
     """What trains on what: the samples, those held out, the batches."""
     n_train, n_val = train.view.size(), (val.view.size() if val is not None else 0)
     return (
-        f"training {args.artifact} on {args.data}: {n_train:,} samples"
+        f"training {cfg.artifact} on {cfg.run.data.data}: {n_train:,} samples"
         + (f", {n_val:,} for validation" if val is not None else "")
         + f"; batch {batch}, {plural(len(train), 'step')} per epoch"
     )
 
 
-def _lr_line(
-    args: argparse.Namespace, base_lr: float, schedule, checkpoint: str, settings: dict[str, Any]
-) -> str:
+def _lr_line(cfg: TrainConfig, base_lr: float, schedule) -> str:
     """The learning rate the run starts from and its schedule; a resumed run also says where it stood."""
     lr = f"base lr {base_lr:g}, {_schedule_text(schedule.config())}"
-    if not args.resume:
+    if not cfg.resume:
         return lr
-    done = int(settings.get("step", 0))
-    return f"resuming from {checkpoint}: {settings.get('epoch', '?')} epoch(s), {done} steps done; {lr}"
+    done = int(cfg.resumed.get("step", 0))
+    return (
+        f"resuming from {cfg.checkpoint}: {cfg.resumed.get('epoch', '?')} epoch(s), {done} steps done; {lr}"
+    )
 
 
 def _check_schedule_covers(schedule, total: int, done: int, checkpoint: str) -> None:
@@ -494,20 +346,7 @@ def _check_schedule_covers(schedule, total: int, done: int, checkpoint: str) -> 
     )
 
 
-def _check_train_options(args: argparse.Namespace) -> None:
-    if args.val_data is not None and args.val_split is not None:
-        raise UsageError("give --val-data or --val-split, not both")
-    if args.val_split is not None and not 0 < args.val_split < 1:
-        raise UsageError(f"--val-split must lie between 0 and 1, got {args.val_split}")
-    for flag in ("epochs", "checkpoint_every", "early_stopping"):
-        value = getattr(args, flag)
-        if value is not None and value < 1:
-            raise UsageError(f"--{flag.replace('_', '-')} must be a positive integer, got {value}")
-    if args.warmup < 0:
-        raise UsageError(f"--warmup must be 0 or more steps, got {args.warmup}")
-
-
-def _train_summary(args, result, seconds: float, batch: int, checkpoint: str, bar: TrainProgress) -> None:
+def _train_summary(cfg: TrainConfig, result, seconds: float, batch: int, bar: TrainProgress) -> None:
     """What the run did and where its files are; for an interrupted run, how to continue it."""
     head = f"trained {result.epochs} epoch(s), {result.steps} steps"
     if bar.last:
@@ -522,23 +361,23 @@ def _train_summary(args, result, seconds: float, batch: int, checkpoint: str, ba
     if result.stopped_early:
         print(f"  stopped: {result.stop_reason}")
     if result.interrupted:
-        print(f"  checkpoint  {checkpoint}: {_position(checkpoint)}")
-        if args.log:
-            print(f"  history     {args.log} (JSON lines)")
-        print(f"continue with: {_resume_command(args, checkpoint)}")
+        print(f"  checkpoint  {cfg.checkpoint}: {_position(cfg.checkpoint)}")
+        if cfg.run.log:
+            print(f"  history     {cfg.run.log} (JSON lines)")
+        print(f"continue with: {_resume_command(cfg)}")
         return
-    keep = checkpoint
+    keep = cfg.checkpoint
     if result.best_checkpoint is not None:
         which = "the best" if result.kept == "best" else "the last, which are the best"
         print(f"  kept        {which} weights (epoch {result.best_epoch}): {result.best_checkpoint}")
-        print(f"  checkpoint  {checkpoint} (the last weights, for --resume)")
+        print(f"  checkpoint  {cfg.checkpoint} (the last weights, for --resume)")
         keep = result.best_checkpoint
     else:
-        print(f"  checkpoint  {checkpoint}")
-    if args.log:
-        print(f"  history     {args.log} (JSON lines)")
-    print(f"next: edgetrain eval {args.artifact} --data DATA --checkpoint {keep}")
-    print(f"      edgetrain export {args.artifact} --checkpoint {keep} -o personalized.onnx")
+        print(f"  checkpoint  {cfg.checkpoint}")
+    if cfg.run.log:
+        print(f"  history     {cfg.run.log} (JSON lines)")
+    print(f"next: edgetrain eval {cfg.artifact} --data DATA --checkpoint {keep}")
+    print(f"      edgetrain export {cfg.artifact} --checkpoint {keep} -o personalized.onnx")
 
 
 def _run_times(result, steps: int, batch: int, seconds: float) -> str:
@@ -553,9 +392,10 @@ def _run_times(result, steps: int, batch: int, seconds: float) -> str:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    sess = open_session(args.artifact)
-    which = load_weights(sess, args.checkpoint, args.artifact)
-    feed = _feed(args.data, args.split, sess, args)
+    cfg = EvalConfig.from_args(args)
+    sess = open_session(cfg.artifact)
+    which = load_weights(sess, cfg.checkpoint, cfg.artifact)
+    feed = _feed(cfg.data, cfg.split, sess, cfg.reading)
     view = feed.view
     batch = session_batch(sess) or 32
     loader = DataLoader(view, batch, batch_transform=feed.transform)
@@ -570,7 +410,7 @@ def run_eval(args: argparse.Namespace) -> int:
     loss, acc = evaluate(sess, loader, classification=classes is not None, on_batch=keep if classes else None)
     seconds = time.perf_counter() - t0
     n = view.size()
-    print(f"evaluated {args.artifact} on {args.data}: {n:,} samples in {duration(seconds)}")
+    print(f"evaluated {cfg.artifact} on {cfg.data}: {n:,} samples in {duration(seconds)}")
     print(f"  parameters  {which}")
     if feed.pipeline is not None and feed.pipeline.declared:
         print(f"  input       {feed.pipeline.describe()}")

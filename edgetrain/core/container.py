@@ -31,15 +31,17 @@ import hashlib
 import json
 import mmap
 import os
-import re
 import struct
 import zlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any, BinaryIO
 
 import numpy as np
 
+from .atomic import _replace_atomically, remove_stale_temporaries
+from .declared import DTYPES, _fail, _inflate, declared_nbytes, parse_json, short
 from .errors import ArtifactError, ArtifactLimitError, MissingFileError, StorageError
+from .mapped import _CHUNK, CHECKSUM_BYTES, _checksum_matches, _close
 
 MAGIC = b"\x89ETR\r\n\x1a\n"
 CURRENT_VERSION = 1
@@ -51,25 +53,13 @@ KINDS = {
 }  # kind name -> code in the preamble; add kinds, never renumber
 SUFFIXES = {"artifact": ".etrain", "checkpoint": ".etck", "adapters": ".etad"}
 ALIGN = 64
-CHECKSUM_BYTES = 32
 _PREAMBLE = struct.Struct("<8sIIQ")  # magic, version, kind code, header length: 24 bytes
-# Fixed-size numeric dtypes only: no Python objects, strings, datetimes or platform-sized long double.
-DTYPES = frozenset(
-    "bool int8 int16 int32 int64 uint8 uint16 uint32 uint64 float16 float32 float64 complex64 complex128".split()
-)
-_CHUNK = 1 << 20
 # The most header bytes a file may have, compressed and inflated (JSON text). A real header is far smaller (a
 # ResNet-50 training artifact's: 77 KB compressed, 0.6 MB of JSON); a caller can raise it (max_header_bytes=).
 MAX_HEADER_BYTES = 64 << 20
-# JSON costs up to ~40x its text in Python objects ("[[],[],...]"), so the header's items (values and containers)
-# are bounded too, at max_header_bytes // HEADER_BYTES_PER_ITEM (1M by default; ResNet-50's header has 60k, ~10 B
-# each): a hostile header costs at most a few hundred MB however it is built.
-HEADER_BYTES_PER_ITEM = 64
 # A file whose checksum fails is not trusted further: its header is parsed only to say whether it was cut short,
 # and only when it is at most this big (larger, the message is the checksum's).
 _DIAGNOSIS_BYTES = 8 << 20
-MAX_JSON_DEPTH = 64  # nesting of the header's JSON; real headers nest 6 deep
-MAX_DIMS = 32  # numpy 1.24's limit on an array's dimensions
 
 
 def _align(n: int) -> int:
@@ -158,126 +148,6 @@ def _layout(path: str, kind: str, header: Any, tensors: Mapping[str, Any]):
     return head, placed, data_start + end + CHECKSUM_BYTES
 
 
-def _temp_name(directory: str, base: str) -> str:
-    return os.path.join(directory, f".{base}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
-
-
-def _temp_pattern(base: str) -> re.Pattern:
-    """The temporary files of _temp_name for base: .BASE.PID.HEX8.tmp."""
-    return re.compile(rf"\.{re.escape(base)}\.(\d{{1,10}})\.[0-9a-f]{{8}}\.tmp")
-
-
-def _writer_alive(pid: int) -> bool:
-    """Whether process pid may still be writing (signal 0 asks without signalling). A pid that is ours, exists or
-    cannot be asked about counts as alive: only a temporary file whose writer is certainly gone is removed."""
-    if pid == os.getpid():
-        return True
-    if not 0 < pid < 2**31:
-        return False  # no process ever had it
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # PermissionError: another user's process, alive
-        return True
-    return True
-
-
-def remove_stale_temporaries(path: str | os.PathLike) -> list[str]:
-    """Removes the temporary files that writers of path killed midway left beside it (.NAME.PID.HEX.tmp, see
-    _replace_atomically) whose writer process is gone; a live writer's (ours, or another process's) stays.
-    Returns the paths removed. Best effort: a file that cannot be listed or removed is left. POSIX only (elsewhere
-    a process cannot be asked whether it lives without being signalled). A writer in another PID namespace
-    sharing the folder (another container) would look gone: do not share checkpoint folders across them."""
-    if os.name != "posix":
-        return []
-    directory, base = os.path.split(os.path.abspath(os.fspath(path)))
-    pattern = _temp_pattern(base)
-    removed = []
-    try:
-        with os.scandir(directory) as entries:
-            stale = [
-                e.path
-                for e in entries
-                if e.name.startswith(f".{base}.")
-                and (m := pattern.fullmatch(e.name))
-                and not _writer_alive(int(m.group(1)))
-            ]
-    except OSError:
-        return []
-    for tmp in stale:
-        try:
-            os.unlink(tmp)
-            removed.append(tmp)
-        except OSError:
-            pass
-    return removed
-
-
-def _create_temp(path: str) -> tuple[int, str]:
-    """A new file beside path (same directory, so os.replace is atomic), created with the usual permissions.
-    OSError (a missing, read-only or forbidden folder) propagates: the caller names path."""
-    directory, base = os.path.split(os.path.abspath(path))
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
-    for _ in range(100):
-        tmp = _temp_name(directory, base)
-        try:
-            return os.open(tmp, flags, 0o666), tmp
-        except FileExistsError:
-            continue
-    raise ArtifactError(f"cannot write '{path}': could not create a temporary file in {directory}")
-
-
-def _fsync_dir(path: str) -> None:
-    """Makes the rename durable; some systems (Windows) cannot open a directory, which is fine there."""
-    try:
-        fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _replace_atomically(path: str, fill: Callable[[BinaryIO], None], what: str = "") -> None:
-    """fill() writes a temp file beside path, which is fsynced and renamed over path, and the directory fsynced:
-    a crash at any instant leaves the old file or the new one, whole. On an error the temp file is removed. A
-    file-system failure (missing, read-only or forbidden folder, full disk) is a StorageError naming path (not
-    the temp file); `what` names the kind of file in its message ("the checkpoint"). Temporary files of path
-    that killed writers left are removed first."""
-    doing = f"cannot write {what}".rstrip()
-    remove_stale_temporaries(path)
-    try:
-        fd, tmp = _create_temp(path)
-    except OSError as e:
-        raise StorageError.of(e, path, doing) from e
-    try:
-        with os.fdopen(fd, "wb") as f:
-            fill(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        if isinstance(e, OSError):
-            raise StorageError.of(e, path, doing) from e
-        raise
-    _fsync_dir(path)
-
-
-def atomic_write(path: str | os.PathLike, data: bytes) -> int:
-    """Writes bytes to path atomically (see _replace_atomically); returns the size. A file-system failure is a
-    StorageError naming path."""
-    _replace_atomically(os.fspath(path), lambda f: f.write(data))
-    return len(data)
-
-
 def write_container(
     path: str | os.PathLike, *, kind: str, header: dict, tensors: Mapping[str, np.ndarray]
 ) -> int:
@@ -348,37 +218,6 @@ def _looks_like(data: bytes) -> str:
     return f"its first bytes are {data[:16]!r}"
 
 
-def _fail(path: str, what: str) -> ArtifactError:
-    return ArtifactError(f"'{path}' {what}")
-
-
-def short(value: Any, n: int = 60) -> str:
-    """repr(value), cut to about n characters: messages quote what a hostile file holds without its megabytes."""
-    text = repr(value)
-    return text if len(text) <= n else f"{text[: n - 5]}...{text[-2:]}"
-
-
-def declared_nbytes(shape: Any, itemsize: int) -> int:
-    """The bytes of an array of `shape` (a list of ints >= 0, at most MAX_DIMS of them) and itemsize, as a file
-    declares them; ValueError saying what is wrong when the shape is not one or its bytes are more than any array
-    can have (2**63, numpy's bound: the product of the non-zero dimensions times the itemsize)."""
-    if not isinstance(shape, (list, tuple)):
-        raise ValueError(f"its shape {short(shape)} is not a list of ints")
-    if len(shape) > MAX_DIMS:
-        raise ValueError(f"its shape has {len(shape)} dimensions, more than {MAX_DIMS}")
-    count, addressed = 1, itemsize
-    for d in shape:
-        if type(d) is not int or d < 0:
-            raise ValueError(f"its shape {short(shape)} has the dimension {short(d)}, not an int >= 0")
-        count *= d
-        addressed *= max(d, 1)
-        if addressed >= 2**63:
-            raise ValueError(
-                f"its shape {short(shape)} makes more than 2**63 bytes, more than any array holds"
-            )
-    return count * itemsize
-
-
 def _open(path: str) -> BinaryIO:
     try:
         return open(path, "rb")
@@ -424,140 +263,6 @@ def _preamble(f: BinaryIO, path: str, size: int) -> tuple[int, int, int]:
             path, f"is corrupt: its format version field says {version}, which no edgetrain ever wrote"
         )
     return version, kind_code, hlen
-
-
-# ---- the header: bounded inflation, bounded JSON -------------------------------------------------------------
-# A JSON string, escapes included; the closing quote is optional so that an unterminated string runs to the end
-# of the text (as the parser reads it) in one match: required, each later quote would start a new attempt over
-# the rest of the text, quadratic in the number of quotes.
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"?', re.DOTALL)
-_ALL_BUT_BRACKETS = bytes(c for c in range(256) if c not in b"[]{}")
-
-
-def _inflate(path: str, data: bytes, limit: int) -> bytes:
-    """The zlib stream `data`, inflated in one bounded call: never more than limit + 1 bytes are made."""
-    d = zlib.decompressobj()
-    try:
-        text = d.decompress(data, limit + 1)
-    except zlib.error as e:
-        raise _fail(path, f"is corrupt: its header does not decode ({e}); the file was damaged") from None
-    if len(text) > limit or d.unconsumed_tail:
-        raise ArtifactLimitError(
-            f"'{path}': its {len(data)}-byte header inflates to more than {limit} bytes, the most edgetrain "
-            "reads (max_header_bytes=); the file is corrupt or hostile (a real header is a few MB at most)",
-            limit=limit,
-            needed=limit + 1,
-            path=path,
-        )
-    if not d.eof or d.unused_data:
-        what = (
-            "ends before its compressed stream does" if not d.eof else "has bytes after its compressed stream"
-        )
-        raise _fail(path, f"is corrupt: its header does not decode (it {what}); the file was damaged")
-    return text
-
-
-def json_shape(text: bytes) -> tuple[int, int]:
-    """(deepest nesting, items) of JSON text, without parsing it: strings are cut out (a bracket or comma in
-    a string counts for nothing), then brackets are counted. Items are the values separated by commas plus the
-    containers, an upper bound of the Python objects json.loads would make (but for keys). Exact for valid JSON;
-    for text that is not JSON it may say more than the parser would meet before failing, never less."""
-    bare = _STRING.sub(b"", text)
-    items = bare.count(b",") + bare.count(b"[") + bare.count(b"{")
-    brackets = np.frombuffer(bare.translate(None, _ALL_BUT_BRACKETS), np.uint8)
-    del bare
-    depth = deepest = 0
-    for start in range(0, len(brackets), _CHUNK):
-        # '[' 0x5B and '{' 0x7B have bit 1 set, ']' 0x5D and '}' 0x7D do not: +1 opens, -1 closes
-        run = np.cumsum((brackets[start : start + _CHUNK] & 2).astype(np.int64) - 1) + depth
-        deepest, depth = max(deepest, int(run.max())), int(run[-1])
-    return deepest, items
-
-
-# An integer of more digits is beyond any float, and any size, count or setting a file holds: code that reads it
-# as a number would fail with an OverflowError far from here.
-MAX_INT_DIGITS = 300
-
-
-class _HugeInt:
-    """Where json.loads met an integer of more than MAX_INT_DIGITS digits (found again by _where_huge)."""
-
-    def __init__(self, digits: int):
-        self.digits = digits
-
-
-def _where_huge(value: Any, at: str = "") -> tuple[str, _HugeInt] | None:
-    """The path ('header.optimizer.lr') of the first _HugeInt in a parsed JSON value, and it."""
-    if isinstance(value, _HugeInt):
-        return at, value
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    for k, v in items:
-        found = _where_huge(v, f"{at}[{k}]" if isinstance(k, int) else f"{at}.{k}" if at else str(k))
-        if found is not None:
-            return found
-    return None
-
-
-def parse_json(path: str, text: bytes, *, what: str, max_bytes: int) -> Any:
-    """Bounded json.loads of UTF-8 text: at most max_bytes, max_bytes // HEADER_BYTES_PER_ITEM items,
-    MAX_JSON_DEPTH deep, integers of at most MAX_INT_DIGITS digits. ArtifactError (ArtifactLimitError for a
-    bound) naming path. NaN and Infinity (which the writer never writes) read as floats: the fields that hold
-    numbers are checked where they are used."""
-    if len(text) > max_bytes:
-        raise ArtifactLimitError(
-            f"'{path}': its {what} is {len(text)} bytes of JSON, more than the {max_bytes} edgetrain reads "
-            "(max_header_bytes=)",
-            limit=max_bytes,
-            needed=len(text),
-            path=path,
-        )
-    max_items = max(max_bytes // HEADER_BYTES_PER_ITEM, 1)
-    strings = text.count(b'"') // 2  # keys and string values (escaped quotes count too: an upper bound)
-    if strings > 2 * max_items:  # each is a Python object; bounded before the scan, whose cost is per string
-        raise ArtifactLimitError(
-            f"'{path}': its {what} holds about {strings} JSON strings, more than the {2 * max_items} edgetrain "
-            f"reads (2 per {HEADER_BYTES_PER_ITEM} bytes of max_header_bytes=); the file is corrupt or hostile",
-            limit=2 * max_items,
-            needed=strings,
-            path=path,
-        )
-    depth, items = json_shape(text)
-    if depth > MAX_JSON_DEPTH:
-        raise _fail(
-            path,
-            f"is corrupt: its {what} nests {depth} levels deep; edgetrain files nest at most {MAX_JSON_DEPTH}",
-        )
-    if items > max_items:
-        raise ArtifactLimitError(
-            f"'{path}': its {what} holds {items} JSON items, more than the {max_items} edgetrain reads "
-            f"(1 per {HEADER_BYTES_PER_ITEM} bytes of max_header_bytes=); the file is corrupt or hostile",
-            limit=max_items,
-            needed=items,
-            path=path,
-        )
-    huge: list[_HugeInt] = []
-
-    def bounded_int(digits: str) -> Any:
-        n = len(digits.lstrip("-"))
-        if n > MAX_INT_DIGITS:
-            huge.append(_HugeInt(n))
-            return huge[-1]
-        return int(digits)
-
-    try:
-        value = json.loads(text.decode("utf-8"), parse_int=bounded_int)
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise _fail(
-            path, f"is corrupt: its {what} does not decode ({short(str(e), 200)}); the file was damaged"
-        ) from None
-    if huge:
-        where, first = _where_huge(value) or ("?", huge[0])
-        raise _fail(
-            path,
-            f"is corrupt: its {what} holds an integer of {first.digits} digits at {short(where, 200)}, beyond "
-            f"any number an edgetrain file holds (at most {MAX_INT_DIGITS} digits); it is damaged or hostile",
-        )
-    return value
 
 
 Entry = tuple[
@@ -643,26 +348,6 @@ def _size_problem(path: str, size: int, data_start: int, entries: list[Entry]) -
     return None
 
 
-def _checksum_matches(mm: mmap.mmap, size: int) -> bool:
-    """Whether the last CHECKSUM_BYTES are the SHA-256 of every byte before them (read in chunks, each chunk's
-    pages dropped from this process's resident memory once hashed: verifying a large file does not hold it all)."""
-    if size < CHECKSUM_BYTES:
-        return False
-    h = hashlib.sha256()
-    end = size - CHECKSUM_BYTES
-    drop = getattr(mmap, "MADV_DONTNEED", None)
-    with memoryview(mm) as view:
-        for start in range(0, end, _CHUNK):
-            h.update(view[start : min(start + _CHUNK, end)])
-            if drop is not None and start + _CHUNK < end:  # _CHUNK is a whole number of pages
-                try:
-                    mm.madvise(drop, start, _CHUNK)
-                except (AttributeError, OSError, ValueError):
-                    drop = None
-        stored = bytes(view[end:size])
-    return h.digest() == stored
-
-
 def _checksum_failure(path: str, mm: mmap.mmap, size: int, hlen: int, max_header: int) -> ArtifactError:
     """The error for a file whose checksum does not match: truncation or extra bytes when its table (parsed for
     the message only, within a smaller bound: _DIAGNOSIS_BYTES) says so, an undecodable header, else the
@@ -685,13 +370,6 @@ def _checksum_failure(path: str, mm: mmap.mmap, size: int, hlen: int, max_header
         "is corrupt: its SHA-256 checksum does not match its contents (damaged on disk or in transfer); "
         "copy it again or re-create it",
     )
-
-
-def _close(mm: mmap.mmap) -> None:
-    try:
-        mm.close()
-    except BufferError:  # an array still views it: the map closes with the last of them
-        pass
 
 
 def _read_v1(f: BinaryIO, path: str, size: int, hlen: int, verify: bool, max_header: int):
@@ -736,29 +414,6 @@ def _read_v1(f: BinaryIO, path: str, size: int, hlen: int, verify: bool, max_hea
     if not any(nbytes for *_, nbytes in entries):
         _close(mm)
     return header, tensors
-
-
-def release_pages(arrays: Iterable[np.ndarray]) -> int:
-    """Drops from this process's resident memory the file pages that arrays read_container returned have brought in
-    (the checksum reads every page; copying parameters out of the map reads theirs again): the OS keeps them in
-    its page cache and maps one back when an array next touches it, so a frozen weight read in place still works,
-    but the process's RSS no longer counts pages it holds its own copy of. Returns how many maps were released; 0
-    where the platform has no madvise (Windows)."""
-    maps: dict[int, mmap.mmap] = {}
-    for a in arrays:
-        base = a
-        while base is not None and not isinstance(base, mmap.mmap):
-            base = getattr(base, "base", None) if not isinstance(base, memoryview) else base.obj
-        if base is not None:
-            maps[id(base)] = base
-    done = 0
-    for mm in maps.values():
-        try:
-            mm.madvise(mmap.MADV_DONTNEED)
-            done += 1
-        except (AttributeError, OSError, ValueError):  # no madvise here, or the map is closed
-            pass
-    return done
 
 
 _READERS = {1: _read_v1}

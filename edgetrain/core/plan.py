@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .container import declared_nbytes
+from .declared import declared_nbytes
 from .errors import LimitError, ModelError, ModelLimitError
 from .ir import Graph, Node
 from .kernels import KERNELS

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from .container import DTYPES, MAX_DIMS, declared_nbytes, short
+from .declared import DTYPES, MAX_DIMS, declared_nbytes, short
 from .errors import ArtifactError, ArtifactLimitError, UnsupportedError
 from .interpreter import compile_step
 from .ir import Graph, Node, TensorInfo

@@ -25,16 +25,35 @@ import numpy as np
 from edgetrain.core.errors import ConfigError, UnsupportedError
 from edgetrain.core.ir import Graph, GraphBuilder, Node, TensorInfo
 from edgetrain.graph.adapters import LoraModule
+from edgetrain.graph.sections import AdaptersSection
 
-from .params import PARAMETER, Role, Roles, _generated, _matches
+from .params import PARAMETER, Role, Roles, _generated, _matches, select_trainable
+from .rewrite import Conversion, Rewrite
 
 F32 = np.float32
 LINEAR = ("MatMul", "Gemm")
 
 
-class IAdapter(ABC):
+class IAdapter(Rewrite, ABC):
     """An adapter insertion module: adds trainable adapter parameters to the imported graph, before the loss, the
-    gradients and the optimizer are."""
+    gradients and the optimizer are. It is a rewrite (edgetrain.derive.rewrite): it adapts its layers when what
+    trains is chosen, and then the adapters train, with what `trainable` adds; its section records the adapted
+    layers for the export (merged or served)."""
+
+    KEY = "adapters"
+
+    def choose(self, c: Conversion) -> None:
+        c.graph, c.roles, modules, inserted = self.insert(c.graph, c.roles)
+        c.notes.extend(inserted)
+        chosen = [p for m in modules for p in (m.A, m.B)]
+        if c.trainable is not None:
+            chosen += [p for p in select_trainable(c.roles, c.trainable) if p not in chosen]
+        c.chosen = chosen
+        c.found[self.KEY] = modules
+
+    def section(self, c: Conversion, art: Any) -> AdaptersSection:
+        modules = [m for m in c.found[self.KEY] if m.A in art.parameters]
+        return AdaptersSection(self.config(), modules)
 
     @abstractmethod
     def insert(self, graph: Graph, roles: Roles) -> tuple[Graph, Roles, list[LoraModule], list[str]]:

@@ -7,21 +7,28 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from edgetrain import __version__
-from edgetrain.core.artifact_format import IO_KEYS, program_id
 from edgetrain.core.container import write_container
 from edgetrain.core.ir import Graph
-from edgetrain.core.serialize import graph_to_dict
 from edgetrain.graph.memory import plan_memory
-from edgetrain.graph.rebatch import BatchPlan
+from edgetrain.graph.record import (
+    ArtifactRecord,
+    FusedRecord,
+    IORecord,
+    ProvenanceRecord,
+    loss_record,
+    optimizer_record,
+)
+from edgetrain.graph.sections import Section
 
 from .autodiff import expand_body
 from .params import Roles
 
+S = TypeVar("S", bound=Section)
 UPDATED = ".updated"  # output name of the next value of a parameter or state tensor: f"{name}.updated"
 
 
@@ -47,21 +54,15 @@ class TrainingArtifact:
     roles: Roles | None = None  # every initializer's role in the imported model (build side only)
     # what conversion did that the user should know (re-batching)
     notes: list[str] = field(default_factory=list)
-    batch_plan: BatchPlan | None = None  # how the inference graph (base) moves to another batch, when fixed
     # the step for the runtime's fused optimizer (see _fused_program), or None: the runtime runs `graph`
     fused: dict | None = None
-    # the declared input pipeline (loaders.InputPipeline.to_json()), or None: data is fed as readers give it
-    preprocessing: dict | None = None
-    # an int8 model: its form and trained masters (edgetrain.graph.quantized.Lowered.header), and the model as
-    # imported, which the export writes again with the trained weights requantized
-    quantized: tuple[dict, dict[str, np.ndarray]] | None = None
-    quantized_model: Graph | None = None
-    # adapters inserted at convert: {"config": the module's settings, "modules": [edgetrain.graph.adapters.LoraModule]}
-    adapters: dict | None = None
-    # convert(memory_budget=...): the budget, the options weighed with their planned peaks, the one chosen and why
-    budget: dict | None = None
-    # layers that train on a subset of their input channels (edgetrain.graph.channels.ChannelSplit)
-    channels: list | None = None
+    # the sections the rewrites applied at convert leave for the device, by header key (edgetrain.graph.sections)
+    sections: dict[str, Section] = field(default_factory=dict)
+
+    def section(self, cls: type[S]) -> S | None:
+        """The section of that kind, if a rewrite left one."""
+        s = self.sections.get(cls.KEY)
+        return s if isinstance(s, cls) else None
 
     @property
     def frozen(self) -> list[str]:
@@ -109,89 +110,51 @@ def save_artifact(art: TrainingArtifact, path: str | os.PathLike) -> int:
     return write_container(path, kind="artifact", header=header, tensors=tensors)
 
 
-def artifact_contents(
-    art: TrainingArtifact, *, fused_only: bool = False
-) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """The artifact file's header and tensors: the step planned (and the fused step, planned on its own), the
-    base graph, the initial state (zeros declared, not stored), and what the int8 export and adapters need.
-    fused_only: the whole step is not planned when there is a fused one (for its planned peak, not for a file)."""
+def artifact_record(art: TrainingArtifact, *, fused_only: bool = False) -> ArtifactRecord:
+    """The artifact's record (edgetrain.graph.record): the step planned (and the fused step, planned on its own),
+    the base graph, the initial state, the settings, and the rewrites' sections. fused_only: the whole step is not
+    planned when there is a fused one (for its planned peak, not for a file)."""
     program, plan = plan_memory(art.graph, reorder=not (fused_only and art.fused is not None))
-    prog_dict, tensors = graph_to_dict(program)
     fused = None
     if (
         art.fused is not None
     ):  # the step without its update nodes, planned on its own (see convert._fused_program)
         fprogram, fplan = plan_memory(art.fused["graph"])
-        fdict, ftensors = graph_to_dict(fprogram)
-        for name, arr in ftensors.items():
-            assert name not in tensors or np.array_equal(tensors[name], arr), f"tensor '{name}' differs"
-            tensors.setdefault(name, arr)
-        fused = {
-            "program": fdict,
-            "plan": fplan.to_dict(),
-            "gradients": art.fused["gradients"],
-            "state_roles": art.fused["state_roles"],
-        }
-    base_dict, base_tensors = graph_to_dict(art.base)
-    for name, arr in base_tensors.items():
-        if name in tensors:
-            assert np.array_equal(tensors[name], arr), (
-                f"tensor '{name}' differs between program and base graph"
-            )
-        tensors.setdefault(name, arr)
-    # Optimizer state that starts at zero (momentum, Adam's moments) is declared, not stored: for Adam that is
-    # two thirds of the file.
-    zeros = {
-        name: [arr.dtype.name, [int(d) for d in arr.shape]]
-        for name, arr in art.initial.items()
-        if name in art.state and name not in tensors and not np.any(arr)
-    }
-    for name, arr in art.initial.items():
-        if name in zeros:
-            continue
-        tensors.setdefault(name, arr)
-        assert tensors[name] is arr or np.array_equal(tensors[name], arr), f"initial '{name}' differs"
-    io = {k: getattr(art, k) for k in IO_KEYS}
-    header = {
-        "edgetrain_version": __version__,
-        "program": prog_dict,
-        "program_id": program_id(prog_dict, io),
-        "plan": plan.to_dict(),
-        "base": base_dict,
-        "io": io,
-        "initial": [n for n in art.initial if n not in zeros],
-        "zeros": zeros,
-        "batch_plan": None if art.batch_plan is None else art.batch_plan.to_dict(),
-        "fused": fused,
-        "loss": art.loss_config,
-        "optimizer": art.optimizer_config,
-        "provenance": art.provenance,
-    }
-    if art.preprocessing is not None:
-        header["preprocessing"] = art.preprocessing
-    if art.adapters is not None:
-        header["adapters"] = {
-            "config": art.adapters["config"],
-            "modules": [m.to_dict() for m in art.adapters["modules"] if m.A in art.parameters],
-        }
-    if art.quantized is not None and art.quantized_model is not None:
-        qdict, qtensors = graph_to_dict(art.quantized_model)
-        for name, arr in qtensors.items():
-            if name in tensors:
-                assert np.array_equal(tensors[name], arr), f"tensor '{name}' differs in the int8 model"
-            tensors.setdefault(name, arr)
-        qheader, consts = art.quantized
-        for name, arr in consts.items():
-            assert name not in tensors or np.array_equal(tensors[name], arr), f"constant '{name}' differs"
-            tensors.setdefault(name, arr)
-        header["quantized"] = {**qheader, "model": qdict}
-    _choices(art, header)
-    return header, tensors
+        roles = {name: tuple(role) for name, role in art.fused["state_roles"].items()}
+        fused = FusedRecord(program=fprogram, plan=fplan, gradients=art.fused["gradients"], state_roles=roles)
+    io = IORecord(**{f: tuple(v) if isinstance(v, list) else v for f, v in _io(art).items()})
+    return ArtifactRecord(
+        values=dict(art.initial),
+        sections=dict(art.sections),
+        program_id="",
+        optimizer=optimizer_record(art.optimizer_config),
+        loss=loss_record(art.loss_config),
+        program=program,
+        base=art.base,
+        plan=plan,
+        io=io,
+        initial=(),
+        fused=fused,
+        provenance=ProvenanceRecord(**art.provenance),
+        edgetrain_version=__version__,
+    )
 
 
-def _choices(art: TrainingArtifact, header: dict[str, Any]) -> None:
-    """What convert chose for the user, into the header: the memory budget's options, the split layers."""
-    if art.budget is not None:
-        header["memory_budget"] = art.budget
-    if art.channels:
-        header["channels"] = [s.to_dict() for s in art.channels]
+def _io(art: TrainingArtifact) -> dict[str, Any]:
+    return {
+        "data_inputs": art.data_inputs,
+        "target": art.target,
+        "lr": art.lr,
+        "loss": art.loss,
+        "outputs": art.outputs,
+        "parameters": art.parameters,
+        "state": art.state,
+        "updates": art.updates,
+    }
+
+
+def artifact_contents(
+    art: TrainingArtifact, *, fused_only: bool = False
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The artifact file's header and tensors (artifact_record, written)."""
+    return artifact_record(art, fused_only=fused_only).write()

@@ -34,8 +34,9 @@ import numpy as np
 from edgetrain.core.errors import ModelError, UnsupportedError
 from edgetrain.graph.footprint import FUSED_CHUNK, step_footprint
 from edgetrain.graph.recompute import LEVELS
+from edgetrain.graph.sections import MemoryBudgetSection, QuantizedSection
 
-from .artifact import TrainingArtifact, artifact_contents
+from .artifact import TrainingArtifact, artifact_record
 from .channels import splittable
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
@@ -91,10 +92,10 @@ class Option:
 
 def planned_peak(art: TrainingArtifact) -> dict:
     """The planned peak of an artifact's training step, part by part, as `edgetrain inspect` will report it."""
-    header, tensors = artifact_contents(art, fused_only=True)
-    dtypes = {np.dtype(tensors[p].dtype) for p in art.parameters}
-    clipped = art.optimizer_config.get("clip_grad_norm") is not None and len(dtypes) > 1
-    return step_footprint(header, tensors, fused=art.fused is not None and not clipped, chunk=FUSED_CHUNK)
+    record = artifact_record(art, fused_only=True)
+    dtypes = {np.dtype(record.values[p].dtype) for p in art.parameters}
+    clipped = record.optimizer.clip_grad_norm is not None and len(dtypes) > 1
+    return step_footprint(record, fused=art.fused is not None and not clipped, chunk=FUSED_CHUNK)
 
 
 # (trainable, recompute level, chunks, channels) -> artifact or None
@@ -282,7 +283,7 @@ def _family(
 def _sites(full: TrainingArtifact) -> dict[str, int]:
     """{weight: input channels} of the weights that can train on part of their input channels (at least
     CHANNEL_SHARE of them); none for an int8 model, whose weights stay whole."""
-    if full.quantized is not None or full.roles is None:
+    if full.section(QuantizedSection) is not None or full.roles is None:
         return {}
     found = splittable(full.inference, full.roles)
     return {w: total for w, (_, _, total) in found.items() if total >= CHANNEL_SHARE}
@@ -303,11 +304,12 @@ def fit(build: Build, budget: int, *, trainable, adapters: bool, progress=None) 
             "at least that, or train at a smaller batch size (`edgetrain check --memory-budget` lists the options)"
         )
     opt, art = chosen
-    art.budget = {
+    record = {
         "budget_bytes": budget,
         "chosen": opt.to_dict(budget),
         "weighed": [o.to_dict(budget) for o in s.weighed],
     }
+    art.sections[MemoryBudgetSection.KEY] = MemoryBudgetSection(record)
     chunked = f", frozen part in {opt.chunks} chunks" if opt.chunks > 1 else ""
     art.notes.append(
         f"memory budget {size_text(budget)}: trains {opt.name} ({len(opt.trainable)} tensors, {opt.values:,} "

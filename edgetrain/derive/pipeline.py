@@ -1,58 +1,41 @@
 """The conversion pipeline: ONNX inference model -> TrainingArtifact (one training step as a pure graph:
-(data, target, lr, parameters, optimizer state) -> (loss, model outputs, new parameters, new state))."""
+(data, target, lr, parameters, optimizer state) -> (loss, model outputs, new parameters, new state)).
+
+The stages are the same for every model; what changes a model on its way (int8, ties, the channel split, LoRA
+adapters, re-batching, recomputation, chunks, the input pipeline, and any rewrite a caller gives) is a Rewrite whose
+hooks run at the stages (edgetrain.derive.rewrite), and whose section of the artifact the device reads."""
 
 from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from edgetrain.core.errors import ShapeError, UnsupportedError
+from edgetrain.core.errors import UnsupportedError
 from edgetrain.core.interpreter import compile_step
 from edgetrain.core.ir import Graph, TensorInfo, about
-from edgetrain.graph.adapters import LoraModule
-from edgetrain.graph.channels import ChannelSplit
-from edgetrain.graph.chunked import chunk_prefix
 from edgetrain.graph.fuse import fuse_for_training
 from edgetrain.graph.passes import fold_constants, make_static, prune
-from edgetrain.graph.quantized import Lowered, refreeze
-from edgetrain.graph.quantized import lower as lower_quantized
-from edgetrain.graph.rebatch import (
-    BatchPlan,
-    apply_batch_plan,
-    batch_free_states,
-    find_batch_plan,
-    fixed_batch,
-    verify_batch_plan,
-)
-from edgetrain.graph.recompute import recompute as recompute_activations
+from edgetrain.graph.quantized import Lowered
 
 from .adapters import IAdapter
 from .artifact import UPDATED, TrainingArtifact
 from .autodiff.context import ShapedBuilder, default_shape_rule
 from .autodiff.driver import differentiate
-from .budget import Option, parse_bytes
+from .budget import Option
 from .budget import fit as fit_budget
 from .budget import options as budget_options
 from .channels import FROZEN_PART
-from .channels import split as split_layers
 from .losses import ILoss
-from .manifest import read_manifest
 from .optimizers import IOptimizer, TrainingContext
-from .params import (
-    Roles,
-    apply_manifest,
-    find_roles,
-    refold_copies,
-    select_trainable,
-    tie_copies,
-    untie_merged,
-)
-from .preprocessing import declared_pipeline
+from .params import Roles, find_roles, select_trainable
+from .request import ConvertRequest
+from .rewrite import Conversion, Rewrite
+from .rewrites import Int8, Ties
 
 
 def _rename(graph: Graph, mapping: dict[str, str]) -> None:
@@ -87,6 +70,7 @@ def convert(
     memory_budget: int | str | None = None,
     progress: Any = None,
     channels: dict[str, int] | None = None,
+    rewrites: Sequence[Rewrite] | None = None,
 ) -> TrainingArtifact:
     """ONNX inference model (path, bytes, onnx.ModelProto, or a static edgetrain Graph) -> TrainingArtifact.
     loss: any ILoss; optimizer: any IOptimizer; trainable: None for every parameter, or names / glob patterns;
@@ -103,91 +87,48 @@ def convert(
     (edgetrain.derive.budget), and progress (a callable taking a line of text) hears each option weighed; channels
     ({weight: count}) trains each named Conv/Gemm/MatMul weight on its first `count` input channels alone, the rest
     frozen (the sparse update of "On-Device Training Under 256KB Memory": edgetrain.derive.channels); the export
-    writes the weights whole."""
-    if not isinstance(loss, ILoss):
-        raise UnsupportedError(
-            f"loss must be an ILoss (e.g. et.CrossEntropyLoss()), not {type(loss).__name__}"
+    writes the weights whole. rewrites: the caller's own edgetrain.derive.rewrite.Rewrite objects, applied after the
+    built-in ones at each stage. The arguments are checked together first (edgetrain.derive.request)."""
+    with about(os.fspath(model) if isinstance(model, (str, os.PathLike)) else None):
+        request = ConvertRequest.make(
+            loss=loss,
+            optimizer=optimizer,
+            trainable=trainable,
+            batch_size=batch_size,
+            output=output,
+            untie=untie,
+            parameters=parameters,
+            preprocessing=preprocessing,
+            adapters=adapters,
+            recompute=recompute,
+            memory_budget=memory_budget,
+            progress=progress,
+            channels=channels,
+            rewrites=rewrites,
         )
-    if adapters is not None and not isinstance(adapters, IAdapter):
-        raise UnsupportedError(
-            f"adapters must be an adapter module (e.g. et.LoRA(rank=8)), not {type(adapters).__name__}"
-        )
-    if not isinstance(optimizer, IOptimizer):
-        raise UnsupportedError(
-            f"optimizer must be an IOptimizer (e.g. et.SGD(lr=0.01)), not {type(optimizer).__name__}"
-        )
+        return convert_request(model, request)
+
+
+def convert_request(model: Any, request: ConvertRequest) -> TrainingArtifact:
+    """The artifact a ConvertRequest asks for (convert, with its arguments checked)."""
     source = os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
     with about(source):  # every fault found on the way names the model file
-        budget = None if memory_budget is None else parse_bytes(memory_budget)
-        if channels is not None and not isinstance(channels, Mapping):
-            raise UnsupportedError(
-                f"channels must map weight names to counts, e.g. {{'fc.weight': 32}}, not {type(channels).__name__}"
+        conv = _Converter(model, request)
+        if request.memory_budget is None:
+            art = conv.once()
+        else:
+            art = fit_budget(
+                conv.build,
+                request.memory_budget,
+                trainable=conv.trainable,
+                adapters=request.adapters is not None,
+                progress=request.progress,
             )
-        if channels and budget is not None:
-            raise UnsupportedError(
-                "give channels or memory_budget, not both: the budget chooses which layers train on part of their "
-                "input channels itself (`edgetrain check --memory-budget` lists its options)"
-            )
-        art = _convert(
-            model,
-            (loss, optimizer, output),
-            trainable,
-            batch_size,
-            (untie, parameters, adapters, dict(channels or {})),
-            (recompute, budget, progress),
-        )
-        art.preprocessing, notes = declared_pipeline(art.base, preprocessing)
-        art.notes.extend(notes)
+        for r in conv.rewrites:
+            section = r.finished(art)
+            if section is not None:
+                art.sections[section.KEY] = section
         return art
-
-
-def _convert(model, objective, trainable, batch_size, reading, memory) -> TrainingArtifact:
-    """The stages: import -> parameter roles -> static shapes (re-batched) -> loss -> autodiff -> optimizer -> the
-    step as a pure function -> recomputation -> the fused step. The memory plan and the file come with
-    TrainingArtifact.save. With a memory budget, the stages after the import run once per option weighed."""
-    # onnx's shape inference where onnx is installed: large values stay unallocated
-    rule = default_shape_rule()
-    imported, provenance = _import(model)
-    for (
-        node
-    ) in imported.nodes:  # an op edgetrain does not run is the first thing to say (a quantized model, say)
-        compile_step(node)
-    recompute, budget, progress = memory
-    if budget is None:
-        m = _static_model(imported, trainable, batch_size, rule, reading)
-        return _derive(m, _step(m, trainable, objective, rule), (recompute, 1, rule), provenance=provenance)
-    build = _builder(imported, objective, trainable, batch_size, reading, rule, provenance)
-    weigh = fit_budget if recompute != "options" else budget_options
-    return weigh(build, budget, trainable=trainable, adapters=reading[2] is not None, progress=progress)
-
-
-def _builder(imported, objective, trainable, batch_size, reading, rule, provenance):
-    """build(chosen, level, chunks) -> the artifact that trains `chosen` with recomputation `level` and its frozen
-    prefix in `chunks` chunks of the batch (None when it has no prefix to chunk so), for the options of
-    a memory budget: they differ in what trains and what is recomputed, so a float model is made static once (an
-    int8 one once per option: its frozen weights go back to int8), and each option's step is derived once for
-    its levels."""
-    ceiling = _static_model(imported, trainable, batch_size, rule, reading)
-    last: dict[tuple[str, ...], Any] = {}
-
-    def build(
-        chosen, level: str, chunks: int = 1, channels: dict[str, int] | None = None
-    ) -> TrainingArtifact | None:
-        key = (tuple(chosen) if chosen is not None else (), tuple(sorted((channels or {}).items())))
-        if key not in last:
-            m = ceiling
-            if channels:  # the split layers change the graph: made static again
-                m = _static_model(imported, chosen, batch_size, rule, (*reading[:3], channels))
-            elif chosen is not None and ceiling.lowered is not None:
-                m = _static_model(imported, chosen, batch_size, rule, reading)
-            elif chosen is not None:
-                m = replace(ceiling, chosen=[p for p in ceiling.chosen if p in set(chosen)])
-            last.clear()
-            last[key] = (m, _step(m, chosen, objective, rule))
-        m, step = last[key]
-        return _derive(m, step, (level, chunks, rule), provenance=provenance)
-
-    return build
 
 
 def memory_options(
@@ -203,69 +144,125 @@ def memory_options(
     """The ways to train `model` that `convert(..., memory_budget=...)` weighs, each with its planned peak and what
     it trains, and the one convert picks (None: nothing fits) (edgetrain.derive.budget.options): what `edgetrain
     check --memory-budget` prints."""
-    budget = parse_bytes(memory_budget)
+    request = ConvertRequest.make(
+        loss=loss,
+        optimizer=optimizer,
+        trainable=trainable,
+        batch_size=batch_size,
+        memory_budget=memory_budget,
+        progress=progress,
+    )
     source = os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
     with about(source):
-        return _convert(
-            model,
-            (loss, optimizer, None),
-            trainable,
-            batch_size,
-            (False, None, None, {}),
-            ("options", budget, progress),
+        conv = _Converter(model, request)
+        return budget_options(
+            conv.build, request.memory_budget, trainable=conv.trainable, adapters=False, progress=progress
         )
 
 
-def _step(m: _StaticModel, trainable, objective, rule):
+class _Converter:
+    """One model imported once, converted by build() with what trains, the recomputation level, chunks of the
+    frozen part and the split channels as asked (convert's one way, or a memory budget's many): the stages up to
+    the static model run once, or once per set of trained tensors where a rewrite makes the model depend on it (an
+    int8 model: its frozen weights go back to int8), and the step is derived once per such set."""
+
+    def __init__(self, model: Any, request: ConvertRequest):
+        self.request = request
+        # onnx's shape inference where onnx is installed: large values stay unallocated
+        self.rule = default_shape_rule()
+        self.imported, self.provenance = _import(model)
+        for node in self.imported.nodes:  # an op edgetrain does not run is the first thing to say (int8, say)
+            compile_step(node)
+        t = request.trainable
+        self.trainable = t if t is None or isinstance(t, str) else list(t)
+        self.rewrites = request.applied()
+        self._ceiling: Conversion | None = None
+        self._last: dict[tuple, Any] = {}
+
+    def once(self) -> TrainingArtifact:
+        """The artifact the request asks for, without a memory budget."""
+        c = self._model(None, None, self.rewrites)
+        return _derive(c, _step(c, self.trainable, self.request), self.rewrites, provenance=self.provenance)
+
+    def build(self, chosen, level: str, chunks: int = 1, channels: dict[str, int] | None = None):
+        """The artifact that trains `chosen` (None: what the request asks) with recomputation `level` and its frozen
+        prefix in `chunks` chunks of the batch, or None when its prefix cannot be cut so."""
+        rewrites = self.request.applied(channels=channels, recompute=level, chunks=chunks)
+        key = (tuple(chosen) if chosen is not None else (), tuple(sorted((channels or {}).items())))
+        if key not in self._last:
+            c = self._model(chosen, channels, rewrites)
+            self._last.clear()
+            self._last[key] = (c, _step(c, chosen, self.request))
+        c, step = self._last[key]
+        return _derive(c, step, rewrites, provenance=self.provenance)
+
+    def _model(self, chosen, channels, rewrites) -> Conversion:
+        """The static model for `chosen` (see the class's docstring)."""
+        if self._ceiling is None:
+            self._ceiling = static_model(
+                self.imported, self.trainable, self.request.batch_size, self.rule, self.rewrites
+            )
+        ceiling = self._ceiling
+        if channels:  # the split layers change the graph: made static again
+            return static_model(self.imported, chosen, self.request.batch_size, self.rule, rewrites)
+        if chosen is not None and any(r.rebuilds_per_choice(ceiling) for r in rewrites):
+            return static_model(self.imported, chosen, self.request.batch_size, self.rule, rewrites)
+        if chosen is not None:
+            return _with_chosen(ceiling, [p for p in ceiling.chosen if p in set(chosen)])
+        return ceiling
+
+
+def _with_chosen(c: Conversion, chosen: list[str]) -> Conversion:
+    """A copy of the ceiling's static model with fewer parameters chosen."""
+    return replace(c, chosen=chosen)
+
+
+def _step(c: Conversion, trainable, request: ConvertRequest):
     """The static model + the loss, gradient and update nodes -> the step as a pure function."""
-    loss, optimizer, output = objective
-    prediction, params = _trainable(m.inference, m.chosen, trainable, output)
-    ext = _extend(m.inference, prediction, params, trainable, loss, optimizer, rule)
-    graph, initial, updates = _pure_step(m.inference, ext, rule)
-    return objective, ext, graph, initial, updates
+    prediction, params = _trainable(c.inference, c.chosen, trainable, request.output)
+    ext = _extend(c.inference, prediction, params, trainable, request.loss, request.optimizer, c.rule)
+    graph, initial, updates = _pure_step(c.inference, ext, c.rule)
+    return request, ext, graph, initial, updates
 
 
-def _derive(m: _StaticModel, step, memory: tuple, *, provenance) -> TrainingArtifact | None:
-    """The static model and its step -> the TrainingArtifact, with saved activations recomputed at `level`, its
-    frozen prefix run in `chunks` chunks of the batch (None when that cannot be), and the fused step."""
-    level, chunks, rule = memory
-    (loss, optimizer, _), ext, graph, initial, updates = step
-    outputs = list(m.inference.outputs)
-    graph, recomputed = recompute_activations(
-        graph, forward_outputs=[graph.outputs[0], *outputs], level=level
-    )
-    notes = [] if level == "none" else [f"recompute {level}: {recomputed.describe()}"]
-    if chunks > 1:
-        graph, why = chunk_prefix(graph, list(m.inference.inputs), chunks, rule=rule)
-        if why:
+def _derive(c: Conversion, step, rewrites: list[Rewrite], *, provenance) -> TrainingArtifact | None:
+    """The static model and its step -> the TrainingArtifact, with the rewrites' step hooks applied (recomputed
+    activations, the frozen part in chunks; None when one cannot be), the fused step, and the rewrites' sections."""
+    request, ext, graph, initial, updates = step
+    outputs = list(c.inference.outputs)
+    notes: list[str] = []
+    for r in rewrites:
+        graph = r.step(c, graph, notes)
+        if graph is None:
             return None
-        notes.append(f"the frozen part runs in {chunks} chunks of the batch, one after the other")
-    fused = _fused_program(graph, optimizer, ext.ctx, ext.params, ext.grads, graph.outputs[0], outputs)
-    return TrainingArtifact(
+    fused = _fused_program(
+        graph, request.optimizer, ext.ctx, ext.params, ext.grads, graph.outputs[0], outputs
+    )
+    art = TrainingArtifact(
         graph=graph,
-        inference=m.inference,
-        base=m.base,
+        inference=c.inference,
+        base=c.base,
         parameters=ext.params,
         state=list(ext.ctx.state_inputs),
         initial=initial,
         updates=updates,
-        data_inputs=list(m.inference.inputs),
+        data_inputs=list(c.inference.inputs),
         target=ext.target,
         lr=ext.lr,
         loss=graph.outputs[0],
         outputs=outputs,
-        loss_config=loss.config(),
-        optimizer_config=optimizer.config(),
+        loss_config=request.loss.config(),
+        optimizer_config=request.optimizer.config(),
         provenance=provenance,
-        roles=m.roles,
-        notes=m.notes + ext.notes + notes,
-        batch_plan=m.batch_plan,
+        roles=c.roles,
+        notes=c.notes + ext.notes + notes,
         fused=fused,
-        quantized=None if m.lowered is None else m.lowered.header(ext.params),  # (header, its constants)
-        quantized_model=None if m.lowered is None else m.lowered.original,
-        adapters=m.adapters,
-        channels=m.channels,
     )
+    for r in rewrites:
+        section = r.section(c, art)
+        if section is not None:
+            art.sections[section.KEY] = section
+    return art
 
 
 def _import(model: Any) -> tuple[Graph, dict[str, Any]]:
@@ -281,82 +278,44 @@ def _import(model: Any) -> tuple[Graph, dict[str, Any]]:
     return from_onnx(proto), provenance
 
 
-@dataclass
-class _StaticModel:
-    inference: Graph  # static (at the training batch), folded, parameters still initializers
-    base: Graph  # folded, symbolic batch kept: for run() and export
-    roles: Roles
-    chosen: list[str]  # the parameters asked to train
-    batch_plan: BatchPlan | None
-    notes: list[str]
-    lowered: Lowered | None = None  # an int8 model's lowering (the model as imported, for its int8 export)
-    adapters: dict | None = None  # {"config": the adapter module's, "modules": [LoraModule]}
-    channels: list[ChannelSplit] | None = None  # layers that train on a subset of their input channels
+def _read_roles(c: Conversion, rewrites: list[Rewrite]) -> None:
+    """Stages 1 and 2: the graph as imported, with what exporters did undone, and every initializer's role."""
+    for r in rewrites:
+        r.imported(c)
+    c.roles = find_roles(c.graph)
+    for r in rewrites:
+        r.roles_found(c)
 
 
-def _static_model(imported: Graph, trainable, batch_size: int | None, rule, reading) -> _StaticModel:
-    """Roles decided on the graph as imported, before anything is folded (folding then never goes through a
-    parameter: an embedding table gathered at constant positions stays a table that trains); the base graph;
-    the inference graph made static at the training batch (a fixed-batch export re-batched, and checked)."""
-    untie, parameters, adapters, channels = reading
-    imported, roles, untied, lowered = read_roles(imported, untie=untie, parameters=parameters)
-    modules: list[LoraModule] = []
-    imported, roles, splits, trainable, split = _split_channels(
-        imported, roles, channels, trainable, (lowered, adapters)
+def static_model(
+    imported: Graph, trainable, batch_size: int | None, rule, rewrites: list[Rewrite]
+) -> Conversion:
+    """Stages 1 to 5 and the static model: roles decided on the graph as imported, before anything is folded
+    (folding then never goes through a parameter: an embedding table gathered at constant positions stays a table
+    that trains); what trains; the base graph; the inference graph made static at the training batch."""
+    c = Conversion(imported, trainable, batch_size, rule)
+    _read_roles(c, rewrites)
+    for r in rewrites:
+        r.choose(c)
+    if c.chosen is None:
+        c.chosen = select_trainable(c.roles, c.trainable)
+    for r in rewrites:
+        r.chosen(c)
+    c.base = fold_constants(
+        c.graph, fold_shapes=False, keep=set(c.roles.parameters) | set(c.chosen), rule=rule
     )
-    untied = untied + split
-    if adapters is None:
-        chosen = select_trainable(roles, trainable)
-    else:  # the adapters train, and what trainable adds
-        imported, roles, modules, inserted = adapters.insert(imported, roles)
-        untied = untied + inserted
-        chosen = [p for m in modules for p in (m.A, m.B)]
-        if trainable is not None:
-            chosen += [p for p in select_trainable(roles, trainable) if p not in chosen]
-    if lowered is not None:  # frozen weights go back to int8
-        imported = refreeze(lowered, imported, set(chosen))
-    base = fold_constants(imported, fold_shapes=False, keep=set(roles.parameters) | set(chosen), rule=rule)
-    roles = roles.finalize(base)
-    plan, notes = _rebatch(base, batch_size, rule)
-    static_source = base if plan is None else apply_batch_plan(base, plan, batch_size)
-    inference = make_static(static_source, batch_size=batch_size, keep=chosen, rule=rule)
-    inference.verify(static=True)
+    c.roles = c.roles.finalize(c.base)
+    c.notes.extend(_decisions(c.roles))
+    c.static_source = c.base
+    for r in rewrites:
+        r.static(c)
+    c.inference = make_static(c.static_source, batch_size=batch_size, keep=c.chosen, rule=rule)
+    c.inference.verify(static=True)
     if rule is not None:  # onnx is installed: its schemas say which inputs share a type
         from edgetrain.onnx_io.shapes import check_types  # onnx is installed: the rule came from it
 
-        check_types(inference)
-    m = _StaticModel(inference, base, roles, chosen, plan, untied + _decisions(roles) + notes, lowered)
-    m.adapters = None if adapters is None else {"config": adapters.config(), "modules": modules}
-    m.channels = splits or None
-    return m
-
-
-def _split_channels(imported: Graph, roles: Roles, channels, trainable, others):
-    """convert(channels=...): (the graph with those layers split, their roles, the records, trainable with each
-    split weight's name replaced by its trained part's); as it was without channels."""
-    if not channels:
-        return imported, roles, [], trainable, []
-    lowered, adapters = others
-    if lowered is not None or adapters is not None:
-        raise UnsupportedError(
-            "channels cannot be combined with "
-            + ("an int8 model" if lowered is not None else "adapters")
-            + ": train whole weights there (trainable=...), or convert the float model without adapters"
-        )
-    imported, roles, splits = split_layers(imported, roles, channels)
-    shown = ", ".join(f"'{s.weight}' {s.count} of {s.total}" for s in splits[:6]) + (
-        " ..." if len(splits) > 6 else ""
-    )
-    notes = [
-        f'{len(splits)} layer(s) train on their first input channels alone (the sparse update of "On-Device '
-        f'Training Under 256KB Memory"): {shown}; the other channels stay frozen, and the export writes each '
-        "weight whole"
-    ]
-    if trainable is not None:
-        named = {s.weight: s.trained for s in splits}
-        listed = [trainable] if isinstance(trainable, str) else list(trainable)
-        trainable = [named.get(t, t) for t in listed] + [s.trained for s in splits if s.weight not in listed]
-    return imported, roles, splits, trainable, notes
+        check_types(c.inference)
+    return c
 
 
 def _decisions(roles: Roles) -> list[str]:
@@ -503,77 +462,10 @@ def read_roles(
     """The graph as imported, with what exporters did to tensors undone (merged tensors of different kinds,
     batch-fixed recurrent states, parameters folded into constants, one tensor written twice), and every
     initializer's role on it; the notes that say what was undone. `convert` and `check` read a model the same
-    way. parameters: a parameter manifest (a dict or a JSON file; see edgetrain.derive.manifest), else the model's
-    own, if it has one: then it alone decides what trains. An int8 model is lowered first (edgetrain.graph.quantized:
-    float master weights read through fake quantization), and the lowering comes back as the fourth value (None for a
-    float model)."""
-    lowered = lower_quantized(imported)
-    if lowered is not None:
-        imported = lowered.graph
-    manifest = read_manifest(imported, parameters)
-    imported, untied = untie_merged(imported)
-    imported, states = batch_free_states(imported)
-    roles = find_roles(imported)
-    imported, refolded = refold_copies(imported, roles)
-    if refolded:
-        roles = find_roles(imported)
-    forced = manifest.ties() if manifest is not None else None
-    imported, tied = tie_copies(imported, roles, untie=untie, forced=forced)
-    if tied:
-        roles = find_roles(imported)
-    notes = untied + states + refolded + tied
-    if manifest is not None:
-        roles = apply_manifest(roles, manifest)
-        notes.append(
-            f"the parameters are those of the model's manifest ({manifest.source}): {len(manifest.parameters)} "
-            f"tensor(s) train, {len(manifest.frozen)} frozen by their author"
-        )
-    if lowered is not None:
-        notes = lowered.notes + notes
-    return imported, roles, notes, lowered
-
-
-def _rebatch(base: Graph, batch_size: int | None, rule=None) -> tuple[BatchPlan | None, list[str]]:
-    """The batch plan when batch_size asks for another batch than the one the model was exported with, checked
-    sample by sample against the model as exported; and the notes that say what was done."""
-    found = fixed_batch(base)
-    if batch_size is None or found is None or found[1] == batch_size:
-        return None, []
-    names, b0 = found
-    if b0 == 0:
-        raise ShapeError(
-            f"the model's input '{names[0]}' ({base.values[names[0]]}) has a fixed batch of 0: it holds no sample "
-            "to train on; export it with a batch of 1 or more, or with a dynamic batch"
-        )
-    plan = find_batch_plan(base, batch_size, rule=rule)
-    verify_batch_plan(base, apply_batch_plan(base, plan, batch_size), plan, batch_size, rule=rule)
-    shown = ", ".join(f"'{n}' {base.values[n]}" for n in names)
-    notes = [
-        f"re-batched: the model was exported with a fixed batch of {b0} ({shown}); it trains at batch "
-        f"{batch_size}, and its exported ONNX keeps batch {b0}"
-    ]
-    notes += _rewrites(plan, base, batch_size)
-    notes.append("  checked: the re-batched model gives the exported model's outputs, sample by sample")
-    return plan, notes
-
-
-def _rewrites(plan: BatchPlan, base: Graph, batch_size: int, shown: int = 3) -> list[str]:
-    """The rewritten shape constants, one line per op: a node alone as it reads, several by their count, the first
-    few names and the first change (ShuffleNet has 33 Reshapes). plan.describe(base, batch_size) lists every one
-    (`edgetrain convert --debug` prints it)."""
-    ops = {n.name: n.op_type for n in base.nodes}
-    by_op: dict[str, dict[str, str]] = {}  # op -> {node: its first line}
-    for edit, line in zip(plan.edits, plan.describe(base, batch_size)):
-        by_op.setdefault(ops[edit.node], {}).setdefault(edit.node, line)
-    lines = []
-    for op, first in by_op.items():
-        names = list(first)
-        if len(names) == 1:
-            lines.append(f"  rewrote {first[names[0]]}")
-            continue
-        listed = ", ".join(f"'{n}'" for n in names[:shown])
-        if len(names) > shown:
-            listed += f" and {len(names) - shown} more (`edgetrain convert --debug` lists them all)"
-        change = first[names[0]].rsplit(": ", 1)[1]
-        lines.append(f"  rewrote {len(names)} {op} nodes: {listed}; e.g. '{names[0]}': {change}")
-    return lines
+    way (the Int8 and Ties rewrites' first stages). parameters: a parameter manifest (a dict or a JSON file; see
+    edgetrain.derive.manifest), else the model's own, if it has one: then it alone decides what trains. An int8
+    model is lowered first (edgetrain.graph.quantized: float master weights read through fake quantization), and the
+    lowering comes back as the fourth value (None for a float model)."""
+    c = Conversion(imported, None, None, None)
+    _read_roles(c, [Int8(), Ties(untie=untie, parameters=parameters)])
+    return c.graph, c.roles, c.notes, c.found.get(Int8.KEY)

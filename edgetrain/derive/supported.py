@@ -11,8 +11,12 @@ from .autodiff.registry import RULES
 
 # kernel module -> the heading its ops are listed under by `edgetrain check --ops`, in this order
 _OP_GROUPS = {
-    "nn": "convolution and pooling",
+    "conv": "convolution and pooling",
+    "pool": "convolution and pooling",
     "math": "matrix products, normalization, reductions, softmax",
+    "normalization": "matrix products, normalization, reductions, softmax",
+    "reductions": "matrix products, normalization, reductions, softmax",
+    "softmax": "matrix products, normalization, reductions, softmax",
     "activations": "activations",
     "elementwise": "elementwise math, comparison and logic",
     "recurrent": "recurrent",
@@ -20,6 +24,8 @@ _OP_GROUPS = {
     "resize": "shape and layout",
     "cast": "shape and layout",
     "indexing": "gather, scatter and indexing",
+    "quantized": "quantized",
+    "qproducts": "quantized",
 }
 
 

@@ -32,7 +32,15 @@ from edgetrain.runtime.feeding import DataOptions, open_feed
 from edgetrain.runtime.trainer import evaluate, session_batch
 from loaders import DataError, DataLoader, SubsetView, split
 
-from .common import CHECK_KEY, RUN_DEFAULTS, from_records, shared_and_personal, tensor_bytes, to_records
+from .common import (
+    CHECK_KEY,
+    RUN_DEFAULTS,
+    adapter_names,
+    from_records,
+    shared_and_personal,
+    tensor_bytes,
+    to_records,
+)
 from .privacy import CLIENT_MODS
 from .simulation import shard
 
@@ -132,7 +140,7 @@ def run_round(content: RecordDict, node: dict[str, Any]) -> RecordDict:
         raise RoundRefused(f"local training diverged ({e}); nothing of it is sent") from e
     after = evaluate(sess, val, classification=classification)
     sess.save_checkpoint(own, user_state={"round": rnd, "partition_id": pid})
-    if sess.artifact.adapters:  # its own adapters, as it would serve them (load_adapters reads them)
+    if adapter_names(sess):  # its own adapters, as it would serve them (load_adapters reads them)
         sess.export_adapters(os.path.join(home, "adapters.etad"))
     params = sess.parameters()
     sent = {n: params[n] for n in shared}

@@ -58,6 +58,7 @@ import numpy as np
 
 from edgetrain.core.errors import ConfigError
 from edgetrain.graph.adapters import unadapted
+from edgetrain.graph.sections import AdaptersSection
 from loaders import IDataView
 
 RUN_DEFAULTS = {
@@ -132,8 +133,8 @@ def personal_names(
 def adapter_names(session) -> list[str]:
     """The LoRA adapters of a session's artifact (each adapted layer's A and B), in its parameter order; [] for an
     artifact without adapters."""
-    a = session.artifact.adapters
-    names = {p for m in (a or {}).get("modules", []) for p in (m.A, m.B)}
+    a = session.record.section(AdaptersSection)
+    names = set(a.tensors if a is not None else ())
     return [n for n in session.parameter_names if n in names]
 
 
@@ -170,8 +171,9 @@ def model_bytes(session) -> int:
     """The bytes of the full model's weights: every initializer of the inference graph, without LoRA adapters
     (and their scales): what one client would send, and receive, each round if the whole model were federated."""
     graph = session.artifact.base
-    if session.artifact.adapters:
-        graph = unadapted(graph, session.artifact.adapters["modules"])
+    adapters = session.record.section(AdaptersSection)
+    if adapters is not None:
+        graph = unadapted(graph, adapters.modules)
     return tensor_bytes(graph.initializers)
 
 

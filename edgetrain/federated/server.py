@@ -36,8 +36,9 @@ from flwr.serverapp.strategy import (
 )
 from flwr.serverapp.strategy.strategy import Strategy
 
-from edgetrain.core.container import atomic_write
+from edgetrain.core.atomic import atomic_write
 from edgetrain.core.errors import ConfigError
+from edgetrain.graph.sections import AdaptersSection
 from edgetrain.runtime import TrainingSession
 from edgetrain.runtime.feeding import DataOptions, open_feed
 from edgetrain.runtime.trainer import evaluate, session_batch
@@ -393,13 +394,13 @@ def _payload_summary(
         "adapters": None,
         "global_adapters": None,
     }
-    a = sess.artifact.adapters
-    if a:
-        names = {p for m in a["modules"] for p in (m.A, m.B)}
+    a = sess.record.section(AdaptersSection)
+    if a is not None:
+        names = set(a.tensors)
         summary["adapters"] = {
-            "rank": a["config"].get("rank"),
-            "alpha": a["config"].get("alpha"),
-            "layers": [m.weight for m in a["modules"]],
+            "rank": a.config.get("rank"),
+            "alpha": a.config.get("alpha"),
+            "layers": [m.weight for m in a.modules],
             "bytes": tensor_bytes({n: v for n, v in sess.parameters().items() if n in names}),
             "trained_beside": [n for n in sess.parameter_names if n not in names],
         }

@@ -269,7 +269,7 @@ def _einsum(node: Node, args: Sequence[Any]) -> Need:
 
 
 def _padded(x: tuple[int, ...], p: Sequence[int], out: Sequence[int], k, s, d) -> tuple[int, ...]:
-    """The padded input a windowed kernel copies x into (kernels.nn.pad_input's extent)."""
+    """The padded input a windowed kernel copies x into (kernels.window.pad_input's extent)."""
     nd = len(out)
     return x[:2] + tuple(max(p[i] + x[2 + i], (out[i] - 1) * s[i] + (k[i] - 1) * d[i] + 1) for i in range(nd))
 
@@ -282,7 +282,7 @@ def _conv(node: Node, args: Sequence[Any]) -> Need:
     x, w = _shape(args[0]), _shape(args[1])
     nd = len(x) - 2
     attrs = {k: node.attrs.get(k) for k in ("dilations", "pads", "strides")}
-    from edgetrain.core.kernels.nn import conv_output_shape  # start-up: import loads no kernels
+    from edgetrain.core.kernels.window import conv_output_shape  # start-up: import loads no kernels
 
     out, p = conv_output_shape(x[2:], w[2:], auto_pad=node.attrs.get("auto_pad", "NOTSET"), **attrs)
     s, d = _per_axis(attrs["strides"], nd, 1), _per_axis(attrs["dilations"], nd, 1)
@@ -293,7 +293,7 @@ def _conv(node: Node, args: Sequence[Any]) -> Need:
 def _conv_transpose(node: Node, args: Sequence[Any]) -> Need:
     x, w = _shape(args[0]), _shape(args[1])
     keys = ("dilations", "output_padding", "output_shape", "pads", "strides")
-    from edgetrain.core.kernels.nn import conv_transpose_output_shape  # start-up: import loads no kernels
+    from edgetrain.core.kernels.window import conv_transpose_output_shape  # start-up: import loads no kernels
 
     out, p = conv_transpose_output_shape(
         x[2:], w[2:], auto_pad=node.attrs.get("auto_pad", "NOTSET"), **{k: node.attrs.get(k) for k in keys}
@@ -307,7 +307,7 @@ def _pool(node: Node, args: Sequence[Any]) -> Need:
     x = _shape(args[0])
     nd, k = len(x) - 2, node.attrs["kernel_shape"]
     attrs = {key: node.attrs.get(key) for key in ("dilations", "pads", "strides")}
-    from edgetrain.core.kernels.nn import pool_output_shape  # start-up: import loads no kernels
+    from edgetrain.core.kernels.window import pool_output_shape  # start-up: import loads no kernels
 
     out, p = pool_output_shape(
         x[2:],

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from edgetrain.core.container import atomic_write
+from edgetrain.core.atomic import atomic_write
 from edgetrain.core.errors import UnsupportedError
 from edgetrain.core.ir import Graph, Node
 from edgetrain.core.ops import PRIVATE_DOMAIN

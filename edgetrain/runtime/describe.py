@@ -6,101 +6,75 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from edgetrain.core.container import file_kind, read_container, short
-from edgetrain.core.errors import ArtifactError
+from edgetrain.core.container import file_kind
+from edgetrain.graph.fields import to_json
 from edgetrain.graph.footprint import step_footprint
+from edgetrain.graph.record import ArtifactRecord
+from edgetrain.graph.sections import PreprocessingSection
 
 from .artifact import load_artifact
+from .checkpoints import AdaptersFileRecord, CheckpointRecord, read_adapters, read_checkpoint
 from .fused import CHUNK, fusable
-from .training import _checkpoint_fields
 
 
 def _mb(n: float) -> str:
     return f"{n / 2**20:8.2f} MiB" if n >= 2**20 else f"{n / 1024:8.1f} KiB"
 
 
-def step_memory(header: dict[str, Any], tensors: Mapping[str, np.ndarray]) -> dict[str, Any]:
-    """An artifact's header and tensors -> the bytes a TrainingSession holds while it runs a training step, by part,
-    and their sum, the planned peak (edgetrain.graph.footprint.step_footprint says what each part is), with the
-    fused optimizer when this runtime runs it."""
-    dtypes = [tensors[p].dtype for p in header["io"]["parameters"]]
-    fused = bool(header.get("fused")) and fusable(header["optimizer"], dtypes)
-    return step_footprint(header, tensors, fused=fused, chunk=CHUNK)
+def step_memory(record: ArtifactRecord) -> dict[str, Any]:
+    """An artifact's record -> the bytes a TrainingSession holds while it runs a training step, by part, and their
+    sum, the planned peak (edgetrain.graph.footprint.step_footprint says what each part is), with the fused
+    optimizer when this runtime runs it."""
+    dtypes = [record.values[p].dtype for p in record.io.parameters]
+    fused = record.fused is not None and fusable(record.optimizer, dtypes)
+    return step_footprint(record, fused=fused, chunk=CHUNK)
 
 
 def artifact_step_memory(path: str | os.PathLike) -> dict[str, Any]:
     """step_memory of an artifact file (the benchmark sets it beside the RSS it measures)."""
-
-    art = load_artifact(path)
-    return step_memory(art.header, art.tensors)
+    return step_memory(load_artifact(path).record)
 
 
-def _load(path: str | os.PathLike) -> tuple[str, dict[str, Any], dict[str, np.ndarray]]:
-    """(kind, header, tensors) of an artifact or checkpoint, with every field inspect reads checked first: an
-    artifact as load_artifact checks it for a session (and its provenance), a checkpoint's step, lr, program id
-    and user state as load_checkpoint does. A crafted header (a valid checksum is no proof: anyone can recompute
-    it) is an ArtifactError naming the file and the field, never a KeyError halfway through a description."""
+def _load(path: str | os.PathLike) -> tuple[str, Any, dict[str, np.ndarray]]:
+    """(kind, record, tensors) of an artifact, checkpoint or adapters file, its header read into its typed record
+    (every field checked as a session would check it). A crafted header (a valid checksum is no proof: anyone can
+    recompute it) is an ArtifactError naming the file and the field, never a KeyError halfway through a
+    description."""
     kind = file_kind(path)
     if kind == "artifact":
         art = load_artifact(path)
-        provenance = art.header.get("provenance", {})
-        if not isinstance(provenance, dict):
-            raise ArtifactError(
-                f"'{os.fspath(path)}' is an edgetrain artifact, but its provenance is {short(provenance)}, not an "
-                "object; it is damaged or was not made by edgetrain: rebuild it with `edgetrain convert`"
-            )
-        return kind, art.header, art.tensors
+        return kind, art.record, art.tensors
     if kind == "adapters":
-        header, tensors = read_container(path, kind="adapters")
-        _adapter_fields(os.fspath(path), header, tensors)
-        return kind, header, tensors
-    header, tensors = read_container(path, kind="checkpoint")
-    _checkpoint_fields(os.fspath(path), header)
-    return kind, header, tensors
+        record, tensors = read_adapters(path)
+        return kind, record, tensors
+    record, tensors = read_checkpoint(path)
+    return kind, record, tensors
 
 
 def describe(path: str | os.PathLike) -> str:
     """An artifact or checkpoint file -> what `edgetrain inspect` prints."""
-    kind, header, tensors = _load(path)
+    kind, record, tensors = _load(path)
     size = os.path.getsize(path)
     if kind == "artifact":
-        return _describe_artifact(path, header, tensors, size)
+        return _describe_artifact(path, record, tensors, size)
     if kind == "adapters":
-        return _describe_adapters(path, header, tensors, size)
-    return _describe_checkpoint(path, header, tensors, size)
+        return _describe_adapters(path, record, tensors, size)
+    return _describe_checkpoint(path, record, tensors, size)
 
 
-def _adapter_fields(path: str, header: dict[str, Any], tensors: dict[str, np.ndarray]) -> None:
-    """An adapters file's header as export_adapters writes it, checked before it is described."""
-    config, modules = header.get("config"), header.get("modules")
-    ok = isinstance(config, dict) and isinstance(modules, list) and all(isinstance(m, dict) for m in modules)
-    ok = ok and all(
-        isinstance(m.get(k), str) and (k == "weight" or m[k] in tensors)
-        for m in modules
-        for k in ("weight", "A", "B")
-    )
-    if not ok or not isinstance(header.get("step", 0), int):
-        raise ArtifactError(
-            f"'{path}' is an edgetrain adapters file, but its header lacks a LoRA config or lists adapters it does "
-            "not hold; it is damaged or was not made by edgetrain: export the adapters again"
-        )
-
-
-def _describe_adapters(path, header: dict[str, Any], tensors: dict[str, np.ndarray], size: int) -> str:
-    c = header["config"]
+def _describe_adapters(path, record: AdaptersFileRecord, tensors: dict[str, np.ndarray], size: int) -> str:
+    c = record.config
     values = sum(int(v.size) for v in tensors.values())
     lines = [
         f"{os.fspath(path)}: LoRA adapters ({_mb(size).strip()}), rank {c.get('rank')}, alpha {c.get('alpha')}, "
-        f"{len(header['modules'])} layer(s), {values:,} values, after step {header.get('step', 0)}",
-        f"  for the training program {str(header.get('program_id', ''))[:16]} (base model sha256 "
-        f"{str(header.get('source_sha256', ''))[:16]})",
+        f"{len(record.modules)} layer(s), {values:,} values, after step {record.step}",
+        f"  for the training program {record.program_id[:16]} (base model sha256 {record.source_sha256[:16]})",
     ]
-    for m in header["modules"]:
+    for m in record.modules:
         a, b = tensors[m["A"]], tensors[m["B"]]
         lines.append(f"  {m['weight']}: A {list(a.shape)}, B {list(b.shape)}")
     return "\n".join(lines)
@@ -108,54 +82,46 @@ def _describe_adapters(path, header: dict[str, Any], tensors: dict[str, np.ndarr
 
 def summary(path: str | os.PathLike) -> dict[str, Any]:
     """An artifact or checkpoint file -> the facts `edgetrain inspect --json` prints (JSON-ready)."""
-
-    kind, header, tensors = _load(path)
+    kind, record, tensors = _load(path)
     out: dict[str, Any] = {"path": os.fspath(path), "size_bytes": os.path.getsize(path)}
+    shapes = {k: list(v.shape) for k, v in tensors.items()}
     if kind == "adapters":
-        return {
-            **out,
-            "kind": "adapters",
-            "config": header["config"],
-            "step": header.get("step", 0),
-            "tensors": {k: list(v.shape) for k, v in tensors.items()},
-        }
+        return {**out, "kind": "adapters", "config": record.config, "step": record.step, "tensors": shapes}
     if kind == "checkpoint":
         return {
             **out,
             "kind": "checkpoint",
-            "step": header.get("step"),
-            "lr": header.get("lr"),
-            "user_state": header.get("user_state", {}),
-            "preprocessing": header.get("preprocessing"),
-            "tensors": {k: list(v.shape) for k, v in tensors.items()},
+            "step": record.step,
+            "lr": record.lr,
+            "user_state": record.user_state,
+            "preprocessing": record.preprocessing,
+            "tensors": shapes,
         }
-    io, plan = header["io"], header.get("plan", {})
+    plan = record.plan
+    pipeline = record.section(PreprocessingSection)
     return {
         **out,
         "kind": "artifact",
-        "model": header["base"].get("name"),
-        "loss": header["loss"],
-        "optimizer": header["optimizer"],
-        "nodes": len(header["program"]["nodes"]),
-        "parameters": {k: list(tensors[k].shape) for k in io["parameters"]},
-        "plan": {k: plan.get(k) for k in ("arena_size", "lower_bound", "no_plan")},
-        "memory": step_memory(header, tensors),
-        "preprocessing": header.get("preprocessing"),
-        "provenance": header.get("provenance", {}),
+        "model": record.base.name,
+        "loss": record.loss.config,
+        "optimizer": record.optimizer.config,
+        "nodes": len(record.program.nodes),
+        "parameters": {k: list(tensors[k].shape) for k in record.io.parameters},
+        "plan": {"arena_size": plan.arena_size, "lower_bound": plan.lower_bound, "no_plan": plan.no_plan},
+        "memory": step_memory(record),
+        "preprocessing": None if pipeline is None else pipeline.spec,
+        "provenance": to_json(record.provenance, skip_defaults=True),
     }
 
 
-def _describe_artifact(path: Any, header: dict, tensors: dict, size: int) -> str:
-    io = header["io"]
-    nodes = header["program"]["nodes"]
-    base_nodes = header["base"]["nodes"]
-    params, state = set(io["parameters"]), set(io["state"])
+def _describe_artifact(path: Any, record: ArtifactRecord, tensors: dict, size: int) -> str:
+    io = record.io
+    params, state = set(io.parameters), set(io.state)
     frozen = [
         k
         for k, v in tensors.items()
         if k not in params and k not in state and v.dtype.kind == "f" and v.size > 1
     ]
-    zeros = header.get("zeros", {})
     by_part = {
         "trainable parameters": sum(tensors[k].nbytes for k in params),
         "optimizer state": sum(tensors[k].nbytes for k in state if k in tensors),
@@ -164,33 +130,50 @@ def _describe_artifact(path: Any, header: dict, tensors: dict, size: int) -> str
         ),
     }
     by_part["header, alignment, checksum"] = size - sum(by_part.values())
-    if zeros:
-        n = sum(int(np.prod(shape)) * np.dtype(dt).itemsize for dt, shape in zeros.values())
-        by_part[f"(+ {len(zeros)} zero state tensors, declared, not stored)"] = n
-    plan = header.get("plan", {})
+    if record.zeros:
+        n = sum(int(np.prod(shape)) * np.dtype(dt).itemsize for dt, shape in record.zeros.values())
+        by_part[f"(+ {len(record.zeros)} zero state tensors, declared, not stored)"] = n
+    plan = record.plan
+    described = [line for s in record.sections.values() for line in s.describe()]
+    pipeline = [line for line in described if line.startswith("input ")]
     lines = [
-        f"artifact   {path}  ({_mb(size).strip()}, format of edgetrain {header.get('edgetrain_version')})",
-        f"model      {header['base'].get('name', '?')}: inputs {', '.join(io['data_inputs'])}; "
-        f"outputs {', '.join(io['outputs'])}",
-        f"training   loss {header['loss'].get('type')}, optimizer {_config(header['optimizer'])}",
-        f"input      {_pipeline(header.get('preprocessing'))}",
-        f"program    {len(nodes)} nodes (inference graph: {len(base_nodes)})",
+        f"artifact   {path}  ({_mb(size).strip()}, format of edgetrain {record.edgetrain_version})",
+        f"model      {record.base.name or '?'}: inputs {', '.join(io.data_inputs)}; "
+        f"outputs {', '.join(io.outputs)}",
+        f"training   loss {record.loss.type}, optimizer {_config(record.optimizer.config)}",
+        *(pipeline or ["input      no input pipeline declared: data is fed as each reader gives it"]),
+        f"program    {len(record.program.nodes)} nodes (inference graph: {len(record.base.nodes)})",
         "",
     ]
-    ops = Counter(n[0] for n in nodes)
+    ops = Counter(n.op_type for n in record.program.nodes)
     lines.append(
         "ops        " + ", ".join(f"{op} x{c}" for op, c in sorted(ops.items(), key=lambda t: (-t[1], t[0])))
     )
     lines += ["", "bytes by part:"] + [f"  {k:34s} {_mb(v)}" for k, v in by_part.items()]
-    if plan:
-        lines += [
-            "",
-            "memory plan (activations, gradients, temporaries; parameters and state not included):",
-            f"  planned arena (peak)               {_mb(plan.get('arena_size', 0))}",
-            f"  lower bound (most bytes live at once) {_mb(plan.get('lower_bound', 0))}",
-            f"  no planning (one buffer per value) {_mb(plan.get('no_plan', 0))}",
-        ]
-    mem = step_memory(header, tensors)
+    lines += [
+        "",
+        "memory plan (activations, gradients, temporaries; parameters and state not included):",
+        f"  planned arena (peak)               {_mb(plan.arena_size)}",
+        f"  lower bound (most bytes live at once) {_mb(plan.lower_bound)}",
+        f"  no planning (one buffer per value) {_mb(plan.no_plan)}",
+    ]
+    lines += _memory_lines(step_memory(record))
+    lines += [line for line in described if not line.startswith("input ")]
+    lines += ["", f"parameters: {len(params)} trainable, {len(frozen)} frozen"]
+    for k in io.parameters:
+        lines.append(f"  trainable {k:40s} {str(list(tensors[k].shape)):18s} {_mb(tensors[k].nbytes)}")
+    for k in frozen[:40]:
+        lines.append(f"  frozen    {k:40s} {str(list(tensors[k].shape)):18s} {_mb(tensors[k].nbytes)}")
+    if len(frozen) > 40:
+        lines.append(f"  ... and {len(frozen) - 40} more frozen")
+    prov = to_json(record.provenance, skip_defaults=True)
+    if prov:
+        lines += ["", "provenance: " + ", ".join(f"{k} {v}" for k, v in sorted(prov.items()))]
+    return "\n".join(lines)
+
+
+def _memory_lines(mem: dict[str, Any]) -> list[str]:
+    """The planned peak of a training step, part by part."""
     which = "fused step program" if mem["fused"] else "step program"
     update = "gradients, scratch" if mem["fused"] else "new values"
     rows = [
@@ -201,53 +184,20 @@ def _describe_artifact(path: Any, header: dict, tensors: dict, size: int) -> str
         ("optimizer_buffers_bytes", f"optimizer buffers ({update})"),
         ("outputs_bytes", "step outputs (loss, model outputs)"),
     ]
-    lines += [
+    lines = [
         "",
         f"planned peak of a training step: {_mb(mem['peak_bytes']).strip()} "
         f"(= {' + '.join(_mb(mem[k]).strip() for k, _ in rows)})",
     ] + [f"  {label:52s} {_mb(mem[k])}" for k, label in rows]
-    lines += [f"  {'what a memory budget counts (no frozen weights)':52s} {_mb(mem['budgeted_bytes'])}"]
-    lines += _budget_lines(header.get("memory_budget"))
-    lines += ["", f"parameters: {len(params)} trainable, {len(frozen)} frozen"]
-    for k in io["parameters"]:
-        lines.append(f"  trainable {k:40s} {str(list(tensors[k].shape)):18s} {_mb(tensors[k].nbytes)}")
-    for k in frozen[:40]:
-        lines.append(f"  frozen    {k:40s} {str(list(tensors[k].shape)):18s} {_mb(tensors[k].nbytes)}")
-    if len(frozen) > 40:
-        lines.append(f"  ... and {len(frozen) - 40} more frozen")
-    prov = header.get("provenance", {})
-    if prov:
-        lines += ["", "provenance: " + ", ".join(f"{k} {v}" for k, v in sorted(prov.items()))]
-    return "\n".join(lines)
-
-
-def _count(value: Any) -> int:
-    """A byte count a header records, or 0 when it is not one (a hand-edited header: inspect still describes)."""
-    return value if _is_int(value) else 0
-
-
-def _budget_lines(budget: Any) -> list[str]:
-    """What `convert --memory-budget` chose and what it weighed, as the header records it."""
-    if not isinstance(budget, dict) or not isinstance(budget.get("chosen"), dict):
-        return []
-    c = budget["chosen"]
-    weighed = budget.get("weighed") if isinstance(budget.get("weighed"), list) else []
-    return [
-        "",
-        f"memory budget {_mb(_count(budget.get('budget_bytes'))).strip()}: trains {c.get('name', '?')} "
-        f"(recompute {c.get('recompute', '?')}), {_mb(_count(c.get('budgeted_bytes'))).strip()} counted; "
-        f"{len(weighed)} option(s) weighed, {sum(1 for o in weighed if isinstance(o, dict) and o.get('fits'))} fit",
-    ]
+    return lines + [f"  {'what a memory budget counts (no frozen weights)':52s} {_mb(mem['budgeted_bytes'])}"]
 
 
 def _pipeline(spec: Any) -> str:
-    """The input pipeline a header records, in words."""
-    if spec is None:
-        return "no input pipeline declared: data is fed as each reader gives it"
-    from loaders import (
+    """The input pipeline a checkpoint records, in words."""
+    from loaders import (  # start-up: only inspect of a file that records one loads it
         ConfigError,
         InputPipeline,
-    )  # start-up: only inspect of a file that records one loads it
+    )
 
     try:
         return "pipeline " + InputPipeline.from_json(spec).describe()
@@ -255,13 +205,13 @@ def _pipeline(spec: Any) -> str:
         return f"an input pipeline this edgetrain cannot read ({e})"
 
 
-def _describe_checkpoint(path: Any, header: dict, tensors: dict, size: int) -> str:
+def _describe_checkpoint(path: Any, record: CheckpointRecord, tensors: dict, size: int) -> str:
     lines = [
         f"checkpoint {path}  ({_mb(size).strip()})",
-        f"model      {header.get('artifact', '?')} (program {str(header.get('program_id', '?'))[:16]})",
-        f"step       {header.get('step')}   lr {header.get('lr')}",
-        *([f"input      {_pipeline(header['preprocessing'])}"] if header.get("preprocessing") else []),
-        *_user_state_lines(header.get("user_state", {})),
+        f"model      {record.artifact or '?'} (program {record.program_id[:16]})",
+        f"step       {record.step}   lr {record.lr}",
+        *([f"input      {_pipeline(record.preprocessing)}"] if record.preprocessing else []),
+        *_user_state_lines(record.user_state),
         "",
         f"tensors: {len(tensors)}",
     ]

@@ -13,7 +13,7 @@ import numpy as np
 
 from edgetrain.core.interpreter import Interpreter
 from edgetrain.core.ir import Graph
-from edgetrain.graph.prefix import Split
+from edgetrain.graph.prefix import Split, split_step
 
 DEFAULT_MAX_BYTES = 64 << 20
 
@@ -198,3 +198,67 @@ class FeatureCache:
             "hits": self.hits,
             "misses": self.misses,
         }
+
+
+class StepCache:
+    """A session's feature cache over its step program: on when enabled and the step has a frozen prefix worth
+    caching, checked on the first batch (rows must not move with their position in the batch), cut back before
+    nodes that move them, or off with the reason."""
+
+    def __init__(
+        self, program: Interpreter, data_inputs: list[str], split: tuple[Split | None, str], tag: str
+    ):
+        self.program, self.data_inputs, self.split, self.tag = program, data_inputs, split, tag
+        self.cache: FeatureCache | None = None
+        self.reason = "not enabled"
+        self.args: dict[str, Any] = {}  # FeatureCache's settings, for a prefix cut back (see _checked)
+
+    def enable(self, max_bytes: int, bind: dict, rows: Any) -> None:
+        split, reason = self.split
+        if split is None:
+            self.cache, self.reason = None, reason
+        else:
+            self.args = {"tag": self.tag, "max_bytes": max_bytes, "bind": bind, "rows": rows}
+            self.cache, self.reason = FeatureCache(split, **self.args), ""
+
+    def disable(self, reason: str) -> None:
+        self.cache, self.reason = None, reason
+
+    def info(self) -> dict[str, Any]:
+        if self.cache is None:
+            return {"enabled": False, "reason": self.reason}
+        return {"enabled": True, "reason": "", **self.cache.info()}
+
+    def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        cache = self.cache
+        if cache is None:
+            return self.program.run(feeds)
+        if not cache.rows.checked:
+            cache = self._checked(cache, feeds)
+            if cache is None:
+                return self.program.run(feeds)
+        return cache.run(feeds)
+
+    def _checked(self, cache: FeatureCache, feeds: dict[str, np.ndarray]) -> FeatureCache | None:
+        """The cache, once its prefix gives each sample of the first batch the same rows wherever the sample sits
+        in the batch; or None (the cache turned off). Where only the prefix's last nodes move rows (a BLAS whose
+        matrix product rounds a row by its position in the batch), the prefix is cut back before them and the
+        cut prefix is checked in turn: the convolutions stay cached, the products run in every step."""
+        moving: set[str] = set()
+        while True:
+            if cache.rows_independent(feeds):
+                cache.rows.checked = True
+                return cache
+            found = set(cache.position_dependent(feeds)) - moving
+            if not found:
+                break
+            moving |= found
+            split, _ = split_step(self.program.graph, self.data_inputs, exclude=moving)
+            if split is None:
+                break
+            cache = self.cache = FeatureCache(split, **self.args)
+        self.disable(
+            "the frozen part's results for a sample change with its position in the batch (checked on "
+            "the first batch, bit for bit), so they cannot be reused across batches"
+        )
+        return None

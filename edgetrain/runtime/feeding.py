@@ -60,7 +60,7 @@ class Feed:
 
 def model_input(session) -> tuple[str, tuple[int, ...], np.dtype]:
     """(name, per-sample shape, dtype) of the model's one input; the command line trains one-input models."""
-    names = session.artifact.io["data_inputs"]
+    names = session.data_inputs
     if len(names) != 1:
         raise EdgeTrainError(
             f"the model has {len(names)} inputs ({', '.join(names)}); the command line trains one-input models: "
@@ -176,7 +176,7 @@ def feed_view(view, session, pipeline: InputPipeline | None = None) -> Feed:
     transform = pipeline.preprocess(adapter)
     classes = session.num_classes
     if classes is not None:
-        target = session.artifact.program.values[session.artifact.io["target"]]
+        target = session.record.program.values[session.record.io.target]
         check_labels(view, classes, per_sample=tuple(int(d) for d in (target.shape or ())[1:]))
     return Feed(view, transform, notices, pipeline)
 

@@ -26,15 +26,16 @@ import numpy as np
 
 from edgetrain.core import fastpaths
 from edgetrain.core.kernels import KERNELS
+from edgetrain.graph.record import OptimizerRecord, optimizer_record
 
 SUPPORTED = ("SGD", "Adam", "AdamW")
 
 
-def fusable(config: Mapping[str, Any], dtypes: Sequence[np.dtype]) -> bool:
-    """Whether this optimizer config can run fused (clipping across dtypes would need the graph's casts)."""
-    if config.get("type") not in SUPPORTED:
+def fusable(optimizer: OptimizerRecord, dtypes: Sequence[np.dtype]) -> bool:
+    """Whether this optimizer can run fused (clipping across dtypes would need the graph's casts)."""
+    if optimizer.type not in SUPPORTED:
         return False
-    return not (config.get("clip_grad_norm") is not None and len(set(dtypes)) > 1)
+    return not (optimizer.clip_grad_norm is not None and len(set(dtypes)) > 1)
 
 
 CHUNK = (
@@ -87,7 +88,7 @@ class FusedOptimizer:
 
     def __init__(
         self,
-        config: Mapping[str, Any],
+        config: OptimizerRecord | Mapping[str, Any],
         params: Mapping[str, tuple[tuple[int, ...], np.dtype]],
         state_roles: Mapping[str, tuple[str, str]],
         initial: Mapping[str, np.ndarray],
@@ -96,8 +97,8 @@ class FusedOptimizer:
     ):
         """rewrites_gradients: the caller writes every gradient before each update, so the update may use the
         gradient buffers as its scratch (fastpaths "update_whole"); False keeps them as they are."""
-        self.config = dict(config)
-        self.kind = self.config["type"]
+        self.config = config if isinstance(config, OptimizerRecord) else optimizer_record(dict(config))
+        self.kind = self.config.type
         by_dtype: dict[np.dtype, list[str]] = {}
         for name, (_, dtype) in params.items():
             by_dtype.setdefault(np.dtype(dtype), []).append(name)
@@ -157,7 +158,7 @@ class FusedOptimizer:
     def update(self, lr: float) -> list[str]:
         """Updates the parameters and state in place from the gradients; returns [] when every new value is
         usable, else the names that are not, with the parameters and state put back as they were."""
-        if self.config.get("clip_grad_norm") is not None:
+        if self.config.clip_grad_norm is not None:
             self._clip()
         bounds = [self._bounds(k, g, lr) for k, g in enumerate(self.groups)]
         safe = all(b is not None for b in bounds)
@@ -209,22 +210,22 @@ class FusedOptimizer:
         cap = MARGIN * g.limit
         lr = abs(float(lr))
         w, grad = norms["params"], g.norm(g.grad)
-        wd = abs(float(c.get("weight_decay") or 0.0))
+        wd = abs(float(c.weight_decay or 0.0))
         if self.kind == "SGD":
             d = grad + wd * w
             new = {}
-            if c.get("momentum"):
-                m = abs(float(c["momentum"]))
-                damp = max(1.0, abs(1.0 - float(c.get("dampening") or 0.0)))  # v' = d on a first step
+            if c.momentum:
+                m = abs(float(c.momentum))
+                damp = max(1.0, abs(1.0 - float(c.dampening or 0.0)))  # v' = d on a first step
                 v = m * norms["momentum"] + damp * d
-                d = d + m * v if c.get("nesterov") else v
+                d = d + m * v if c.nesterov else v
                 if not v < cap:
                     return None
                 new["momentum"] = v * SLACK
             new["params"] = (w + lr * d) * SLACK
             return new if new["params"] < cap else None
-        b1, b2 = (float(b) for b in c["betas"])
-        eps = float(c["eps"])
+        b1, b2 = (float(b) for b in c.betas)
+        eps = float(c.eps)
         d = grad + (0.0 if self.kind == "AdamW" else wd * w)
         m = b1 * norms["exp_avg"] + (1 - b1) * d
         v = b2 * norms["exp_avg_sq"] + (1 - b2) * d * d
@@ -260,7 +261,7 @@ class FusedOptimizer:
     def _clip(self) -> None:
         # as edgetrain.derive.optimizers._clip_by_global_norm: each gradient's ReduceSumSquare (the same kernel), their
         # Sum, Sqrt, coef = min(max_norm / (total + 1e-6), 1), every gradient times coef
-        max_norm = float(self.config["clip_grad_norm"])
+        max_norm = float(self.config.clip_grad_norm)
         grads = [v for g in self.groups for v in g.views(g.grad).values()]
         sq = KERNELS["ReduceSumSquare"].fn
         squares = [sq(v, keepdims=0) for v in grads]
@@ -278,23 +279,23 @@ class FusedOptimizer:
         t = g.dtype.type
         w, d = g.params[a:b], g.grad[a:b]
         s1, s2 = g.s1[: b - a], g.s2[: b - a]
-        if c.get("weight_decay"):
-            np.multiply(w, t(c["weight_decay"]), out=s1)
+        if c.weight_decay:
+            np.multiply(w, t(c.weight_decay), out=s1)
             np.add(d, s1, out=s1)
             d = s1
-        if c.get("momentum"):
+        if c.momentum:
             v = g.state["momentum"][a:b]
-            np.multiply(v, t(c["momentum"]), out=v)
-            if c.get("dampening"):
+            np.multiply(v, t(c.momentum), out=v)
+            if c.dampening:
                 first = float(self.step_value) == 0.0
-                np.multiply(d, t(1.0 - c["dampening"]), out=s2)
+                np.multiply(d, t(1.0 - c.dampening), out=s2)
                 np.add(v, s2, out=v)
                 if first:
                     np.copyto(v, d)
             else:
                 np.add(v, d, out=v)
-            if c.get("nesterov"):
-                np.multiply(v, t(c["momentum"]), out=s2)
+            if c.nesterov:
+                np.multiply(v, t(c.momentum), out=s2)
                 np.add(d, s2, out=s1)
                 d = s1
             else:
@@ -308,22 +309,22 @@ class FusedOptimizer:
         # over the gradient. Only where the buffers stay cache-sized (WHOLE) and without dampening (whose first
         # step keeps d beside v'); w * wd and Nesterov's v' * m still go through the chunk-sized scratch.
         c = self.config
-        if g.size > WHOLE or c.get("dampening"):
+        if g.size > WHOLE or c.dampening:
             return False
         t = g.dtype.type
         w, d = g.params, g.grad
-        if c.get("weight_decay"):
-            wd = t(c["weight_decay"])
+        if c.weight_decay:
+            wd = t(c.weight_decay)
             for a, b in g.chunks:  # d = g + w * wd, over the gradient
                 s = g.s1[: b - a]
                 np.multiply(w[a:b], wd, out=s)
                 np.add(d[a:b], s, out=d[a:b])
-        if c.get("momentum"):
-            m = t(c["momentum"])
+        if c.momentum:
+            m = t(c.momentum)
             v = g.state["momentum"]
             np.multiply(v, m, out=v)
             np.add(v, d, out=v)
-            if c.get("nesterov"):
+            if c.nesterov:
                 for a, b in g.chunks:  # d = d + v' * m, over the gradient
                     s = g.s1[: b - a]
                     np.multiply(v[a:b], m, out=s)
@@ -338,7 +339,7 @@ class FusedOptimizer:
         # the step's scalars, once per update: t = step + 1, 1 - b1^t, 1 - b2^t (Pow, as the graph's), lr
         c = self.config
         t = g.dtype.type
-        b1, b2 = (float(x) for x in c["betas"])
+        b1, b2 = (float(x) for x in c.betas)
         step_next = np.add(self.step_value, np.float32(1))
         ts = np.asarray(step_next).astype(g.dtype)
         pow_ = KERNELS["Pow"].fn
@@ -347,9 +348,9 @@ class FusedOptimizer:
         bc2 = np.subtract(one, pow_(np.asarray(t(b2)), ts))
         lr_t = t(np.float32(lr))
         decay = None
-        if c.get("weight_decay") and self.kind == "AdamW":
-            decay = np.subtract(one, np.multiply(lr_t, t(c["weight_decay"])))
-        return step_next, (t(b1), t(1 - b1), t(b2), t(1 - b2), bc2, t(c["eps"]), np.divide(lr_t, bc1), decay)
+        if c.weight_decay and self.kind == "AdamW":
+            decay = np.subtract(one, np.multiply(lr_t, t(c.weight_decay)))
+        return step_next, (t(b1), t(1 - b1), t(b2), t(1 - b2), bc2, t(c.eps), np.divide(lr_t, bc1), decay)
 
     def _adam(self, g: _Group, consts: tuple, a: int, b: int) -> None:
         # as edgetrain.derive.optimizers.Adam.make: m' = m b1 + d (1 - b1); v' = v b2 + d d (1 - b2); t = step + 1;
@@ -358,8 +359,8 @@ class FusedOptimizer:
         b1, one_b1, b2, one_b2, bc2, eps, lr_bc1, decay = consts
         w, d = g.params[a:b], g.grad[a:b]
         s1, s2 = g.s1[: b - a], g.s2[: b - a]
-        if c.get("weight_decay") and decay is None:
-            np.multiply(w, g.dtype.type(c["weight_decay"]), out=s1)
+        if c.weight_decay and decay is None:
+            np.multiply(w, g.dtype.type(c.weight_decay), out=s1)
             np.add(d, s1, out=s1)
             d = s1
         m, v = g.state["exp_avg"][a:b], g.state["exp_avg_sq"][a:b]

@@ -40,15 +40,12 @@ __all__ = [
 
 def _sample_loss_sum(session: TrainingSession, loss: float, n: int) -> float:
     """The sum of per-sample losses behind a batch loss of n samples."""
-    reduction = session.artifact.header.get("loss", {}).get("reduction", "mean")
-    return loss * n if reduction == "mean" else loss
+    return loss * n if session.record.loss.reduction == "mean" else loss
 
 
 def session_batch(session: TrainingSession) -> int | None:
     """The batch size the artifact's training program was built for (None when it is symbolic)."""
-    io = session.artifact.io
-    shape = session.artifact.program.values[io["data_inputs"][0]].shape
-    return int(shape[0]) if shape and isinstance(shape[0], (int, np.integer)) else None
+    return session.batch_size
 
 
 def evaluate(

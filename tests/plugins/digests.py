@@ -48,7 +48,9 @@ def pytest_configure(config):
 
     def recorded_onnx(self, *args, **kwargs):
         model = onnx_of(self, *args, **kwargs)
-        _record("training_onnx", model.SerializeToString(deterministic=True), getattr(model.graph, "name", ""))
+        _record(
+            "training_onnx", model.SerializeToString(deterministic=True), getattr(model.graph, "name", "")
+        )
         return model
 
     TrainingArtifact.save = recorded_save

@@ -222,7 +222,7 @@ def native_reference(report: dict) -> dict:
         ) from e
 
     artifact = os.path.join(OUT, "digits_lenet.etrain")
-    # the demo's full fine-tuning settings (edgetrain/demo.py)
+    # the demo's full fine-tuning settings (edgetrain/demo/digits.py)
     et.convert(
         MODEL,
         loss=et.CrossEntropyLoss(),

@@ -20,14 +20,20 @@ from .registry import Kernel, kernel
 MODULES = (
     "activations",
     "cast",
+    "conv",
     "elementwise",
     "indexing",
     "math",
-    "nn",
     "nn_grad",
+    "normalization",
+    "pool",
+    "qcontrib",
+    "qproducts",
     "quantized",
     "recurrent",
+    "reductions",
     "resize",
+    "softmax",
     "tensor",
     "transformer",
 )
@@ -86,7 +92,7 @@ KERNELS: Mapping[str, Kernel] = _Table()
 
 
 def __getattr__(name: str):
-    # the kernel modules as attributes (kernels.nn, kernels.activations), as when this package imported them
+    # the kernel modules as attributes (kernels.conv, kernels.activations), as when this package imported them
     if name in MODULES:
         return import_module(f"{__name__}.{name}")
     raise AttributeError(f"module '{__name__}' has no attribute '{name}'")

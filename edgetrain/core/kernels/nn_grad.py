@@ -13,8 +13,7 @@ from edgetrain.core.ir import Node, TensorInfo
 from edgetrain.core.ops import PRIVATE_DOMAIN
 
 from . import depthwise
-from .depthwise import on
-from .nn import (
+from .conv import (
     BATCHED_POSITIONS,
     CACHE_BUDGET,
     CONV1X1,
@@ -23,28 +22,30 @@ from .nn import (
     GI_AS_CONV,
     IM2COL_BUDGET,
     PhaseColumns,
-    avg_divisor,
     batch_columns,
     batch_first,
     batch_last,
-    compute_dtype,
-    conv_output_shape,
-    deliver,
     flat_columns,
     flat_extent,
     im2col_conv,
-    max_pool,
+    row_chunk,
+    use_flat,
+    use_phases,
+)
+from .depthwise import on
+from .pool import avg_divisor, max_pool
+from .registry import kernel
+from .window import (
+    compute_dtype,
+    conv_output_shape,
+    deliver,
     pad_input,
     per_axis,
     pool_output_shape,
     pool_setup,
-    row_chunk,
     sliding_windows,
     spatial_rank,
-    use_flat,
-    use_phases,
 )
-from .registry import kernel
 
 
 def _check_dy(op: str, dy: np.ndarray, expected: Sequence[int]) -> None:
@@ -62,7 +63,7 @@ def _crop(dxp: np.ndarray, p: Sequence[int], sp: Sequence[int]) -> np.ndarray:
 
 
 def _extent(sp, p, oshape, k, s, d) -> tuple[int, ...]:
-    """The padded spatial extent every window fits in (as nn.pad_input's)."""
+    """The padded spatial extent every window fits in (as window.pad_input's)."""
     return tuple(max(p[i] + n, (oshape[i] - 1) * s[i] + (k[i] - 1) * d[i] + 1) for i, n in enumerate(sp))
 
 
@@ -168,7 +169,7 @@ def conv_grad_input(
 
 def _pointwise_grad_input(dy: np.ndarray, w: np.ndarray, group: int, wt: np.ndarray) -> np.ndarray:
     """dX [N, C, P] of a 1x1 convolution without pads: W^T @ dY per image and group (wt: W^T per group); with few
-    positions, one GEMM over the batch as the forward's (nn.pointwise)."""
+    positions, one GEMM over the batch as the forward's (conv.pointwise)."""
     n, m, c = dy.shape[0], w.shape[0], w.shape[1] * group
     dy3 = dy.reshape(n, m, -1)
     npos = dy3.shape[2]
@@ -295,7 +296,7 @@ def _pointwise_grad_weight_batched(dy: np.ndarray, x: np.ndarray, want_b: bool):
 
 def _weight_grad_columns(dy, x, group, k, oshape, p, s, d, ext, want_b):
     """(dW [G, Mg, Cg*K], dB [M] or None) through batch-last im2col columns [C*K, out..., N] (one strided copy per
-    chunk of output rows, sized as the forward's: nn.row_chunk)."""
+    chunk of output rows, sized as the forward's: conv.row_chunk)."""
     (n, c), m, ct, nd = x.shape[:2], dy.shape[1], x.dtype, len(k)
     if group == 1 and max(k + s) == 1 and not any(p) and on(CONV1X1) and on(CONV1X1_BATCHED):
         dw, db = _pointwise_grad_weight_batched(dy, x, want_b)  # a 1x1 conv's columns are X itself
@@ -342,7 +343,7 @@ def _weight_grad_columns(dy, x, group, k, oshape, p, s, d, ext, want_b):
 
 
 def _weight_grad_flat(dy, x, group, k, oshape, p, d, flat, want_b):
-    """(dW [G, Mg, Cg*K], dB [M] or None) of a stride-1 conv through the flattened-rows columns (nn._flat_conv's
+    """(dW [G, Mg, Cg*K], dB [M] or None) of a stride-1 conv through the flattened-rows columns (conv._flat_conv's
     layout)."""
     ext, npos, length = flat
     view = flat_columns(x, k, p, d, ext, npos, length)

@@ -9,8 +9,8 @@ import numpy as np
 
 from edgetrain.core.errors import EdgeTrainError
 from edgetrain.core.ir import Node
-from edgetrain.core.kernels.nn import (
-    avg_divisor,
+from edgetrain.core.kernels.pool import avg_divisor
+from edgetrain.core.kernels.window import (
     conv_output_shape,
     conv_transpose_output_shape,
     per_axis,
