@@ -47,6 +47,8 @@ if [ "$QUICK" = 1 ]; then
   # Opt-in by file: a test file is quick only once tests/quick.txt names it, so a new file (and its slow tests)
   # lands in the whole suite alone until someone lists it; a listed file that is gone fails here, loudly.
   mapfile -t QUICK_FILES < <(sed -e 's/#.*//' -e 's/[[:space:]]*$//' -e '/^$/d' tests/quick.txt)
+  # no file named would make pytest run every test not marked slow, which is no quick tier
+  [ "${#QUICK_FILES[@]}" -gt 0 ] || { echo "tools/test.sh: tests/quick.txt names no test file" >&2; exit 2; }
   exec .venv/bin/python -m pytest -m "not slow" "${QUICK_FILES[@]}" "$@"
 fi
 exec .venv/bin/python -m pytest "$@"
