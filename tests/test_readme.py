@@ -1,9 +1,8 @@
-"""README.md's ```python blocks run as written, in order, in one namespace, on the files they name; what they
-print or save is checked against onnxruntime and numpy."""
+"""The ```python blocks of README.md and of every docs/*.md page run as written, each page's in order, in one
+namespace, on the files they name; what docs/python.md's print or save is checked against onnxruntime and numpy."""
 
 from __future__ import annotations
 
-import re
 import shutil
 from pathlib import Path
 
@@ -11,21 +10,21 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from doc_commands import DOCS, ROOT, page_name, pages, python_blocks
 from onnx import TensorProto, helper, numpy_helper
 
 import edgetrain as et
 
-ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
+PYTHON_API = DOCS / "python.md"
 
 
-def python_blocks() -> list[tuple[int, str]]:
-    """(line before the block's first line, code) of every ```python block, in order."""
-    text = README.read_text(encoding="utf-8")
-    return [
-        (text.count("\n", 0, m.start(1)), m.group(1))
-        for m in re.finditer(r"^```python\n(.*?)^```", text, re.M | re.S)
-    ]
+def run_python_blocks(page: Path) -> dict:
+    """Runs a page's ```python blocks in order in one namespace, and returns it."""
+    ns: dict = {"__name__": "readme"}
+    for before, code in python_blocks(page.read_text(encoding="utf-8")):
+        # padded so that a traceback points at the page's own line
+        exec(compile("\n" * before + code, str(page), "exec"), ns)
+    return ns
 
 
 def save(path: Path, nodes, x, y, inits: dict[str, np.ndarray]) -> None:
@@ -42,7 +41,7 @@ def save(path: Path, nodes, x, y, inits: dict[str, np.ndarray]) -> None:
 
 
 def digits_classifier(path: Path) -> None:
-    """The README's model.onnx: MNIST-shaped 'input' [N, 1, 28, 28] -> Conv 5x5/2 -> Relu -> Flatten -> Gemm
+    """The Python API page's model.onnx: MNIST-shaped 'input' [N, 1, 28, 28] -> Conv 5x5/2 -> Relu -> Flatten -> Gemm
     'fc' (what trainable=["fc.*"] selects) -> Softmax."""
     rng = np.random.default_rng(0)
     nodes = [
@@ -75,7 +74,7 @@ def digits_classifier(path: Path) -> None:
 
 
 def regressor(path: Path) -> None:
-    """The README's regressor.onnx: x [b, 8] -> Gemm -> [b, 1], its batch symbolic as exporters leave it."""
+    """The Python API page's regressor.onnx: x [b, 8] -> Gemm -> [b, 1], its batch symbolic as exporters leave it."""
     w = np.random.default_rng(1).standard_normal((1, 8)).astype(np.float32)
     nodes = [helper.make_node("Gemm", ["x", "W", "B"], ["y"], transB=1)]
     inits = {"W": w, "B": np.zeros(1, np.float32)}
@@ -84,7 +83,7 @@ def regressor(path: Path) -> None:
 
 @pytest.fixture
 def readme_dir(tmp_path, monkeypatch):
-    """A directory holding what the README reads: model.onnx, regressor.onnx and mnist/ (the shipped digits)."""
+    """A directory holding what the pages' Python reads: model.onnx, regressor.onnx and mnist/ (the shipped digits)."""
     digits_classifier(tmp_path / "model.onnx")
     regressor(tmp_path / "regressor.onnx")
     shutil.copytree(ROOT / "edgetrain" / "data" / "digits", tmp_path / "mnist")
@@ -92,13 +91,23 @@ def readme_dir(tmp_path, monkeypatch):
     return tmp_path
 
 
-def test_readme_python_blocks_run_as_written(readme_dir):
-    blocks = python_blocks()
-    assert len(blocks) >= 5, "the README's Python examples were not found"
-    ns: dict = {"__name__": "readme"}
-    for before, code in blocks:  # padded so that a traceback points at the README's own line
-        exec(compile("\n" * before + code, str(README), "exec"), ns)
+def test_the_python_api_page_has_its_examples():
+    assert len(python_blocks(PYTHON_API.read_text(encoding="utf-8"))) >= 5, (
+        "docs/python.md's examples were not found"
+    )
 
+
+@pytest.mark.parametrize(
+    "page", [p for p in pages() if python_blocks(p.read_text(encoding="utf-8"))], ids=page_name
+)
+def test_a_pages_python_blocks_run_as_written(page, readme_dir):
+    ns = run_python_blocks(page)  # an example that raises fails here, at its page's line
+    if page == PYTHON_API:
+        check_the_python_api_page(ns, readme_dir)
+
+
+def check_the_python_api_page(ns: dict, readme_dir: Path) -> None:
+    """What docs/python.md's examples made: checked against onnxruntime and numpy."""
     # InferenceSession and import_model
     assert ns["probs"].shape == (8, 10) and np.allclose(ns["probs"].sum(1), 1, atol=1e-5)
     assert ns["graph"].values["input"].shape == (8, 1, 28, 28)

@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
-# Sets up, checks and runs the whole test suite on a fresh machine (the README's test command; CI calls it).
+# Sets up, checks and runs the tests on a fresh machine (the README's test commands; CI calls it without --quick).
 #   .venv        edgetrain[dev]: numpy 2.x, onnx, onnxruntime, pytest
 #   .venv-np124  numpy 1.24 (Debian 12's) and nothing else: the device side must run there too
-# Extra arguments go to pytest, e.g. `bash tools/test.sh -k conv -x`.
+# `bash tools/test.sh` runs the whole suite; `bash tools/test.sh --quick` the quick tier: the same set-up and static
+# checks, then the tests of the files tests/quick.txt names, less those marked slow (CONTRIBUTING.md, "Checks").
+# Extra arguments go to pytest, e.g. `bash tools/test.sh -k conv -x` or `bash tools/test.sh --quick -x`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+QUICK=0
+if [ "${1:-}" = "--quick" ]; then
+  QUICK=1
+  shift
+fi
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q -e ".[dev]"
@@ -36,4 +43,12 @@ fi
 .venv/bin/ruff check --quiet .
 .venv/bin/ruff format --check --quiet .
 .venv/bin/lint-imports --no-cache >/dev/null || .venv/bin/lint-imports --no-cache
+if [ "$QUICK" = 1 ]; then
+  # Opt-in by file: a test file is quick only once tests/quick.txt names it, so a new file (and its slow tests)
+  # lands in the whole suite alone until someone lists it; a listed file that is gone fails here, loudly.
+  mapfile -t QUICK_FILES < <(sed -e 's/#.*//' -e 's/[[:space:]]*$//' -e '/^$/d' tests/quick.txt)
+  # no file named would make pytest run every test not marked slow, which is no quick tier
+  [ "${#QUICK_FILES[@]}" -gt 0 ] || { echo "tools/test.sh: tests/quick.txt names no test file" >&2; exit 2; }
+  exec .venv/bin/python -m pytest -m "not slow" "${QUICK_FILES[@]}" "$@"
+fi
 exec .venv/bin/python -m pytest "$@"
