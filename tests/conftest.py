@@ -5,10 +5,17 @@ idle parts of slow tests (real Flower federations) side by side."""
 from __future__ import annotations
 
 import re
+import sys
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+
+# The tests follow the package's layers, a folder each (core, graph, onnx_io, derive, runtime; cli, federated,
+# android_demo, loaders; project: what spans the repository); what they share is in tests/harness, importable by
+# name from every folder (`from models import MODELS`).
+HARNESS = Path(__file__).resolve().parent / "harness"
+sys.path.insert(0, str(HARNESS))
 
 _REPORT: dict[str, list[str]] = {}
 

@@ -369,8 +369,8 @@ def _pretrain_mobilenet(path: Path, *, threads: int, say) -> None:
     """PyTorch: MobileNetV2 (num_classes=10) trained on the base digits, upscaled; exported in eval mode."""
     import torch  # the MobileNetV2 part alone needs torch
 
-    sys.path.insert(0, str(ROOT / "tests"))
-    import exports  # the suite's torchvision loading and export (tests/exports.py)
+    sys.path.insert(0, str(ROOT / "tests" / "harness"))
+    import exports  # the suite's torchvision loading and export (tests/harness/exports.py)
 
     exports.declare_torchvision_ops()
     import torchvision

@@ -2,7 +2,7 @@
 edgetrain/data/digits_lenet.onnx -> android_demo/data/digits.etrain, and the keyboard's language model
 edgetrain/data/keyboard/keyboard_lm.onnx -> android_demo/data/keyboard.etrain (NextTokenLoss, LoRA on the attention
 and MLP MatMuls, the base frozen) with its vocabulary (keyboard_vocab.json). Deterministic: the same inputs give the
-same bytes, which tests/test_android_demo.py checks, so the committed files cannot go stale unnoticed.
+same bytes, which tests/android_demo/test_android_demo.py checks, so the committed files cannot go stale unnoticed.
 
     python tools/build_android_assets.py [--check] [--target digits|keyboard]
 """

@@ -5,7 +5,8 @@ client does (edgetrain.federated.client), then, when its node config says `attac
 within the door's checks (the shared names, shapes and dtype, finite values, its true sample count and metrics),
 which is what a careful attacker sends; nodes without `attack` are honest.
 
-Used by tools/fleet_robustness.py, tests/test_fleet_attack.py and tests/test_fleet_privacy.py through
+Used by tools/fleet_robustness.py, tests/federated/test_fleet_attack.py and
+tests/federated/test_fleet_privacy.py through
 `hostile_app(folder)`, which writes a Flower app folder: edgetrain's own app (its ServerApp and run config) with
 this ClientApp instead."""
 

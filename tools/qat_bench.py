@@ -20,7 +20,9 @@ import numpy as np
 import onnx
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))  # the suite's torchvision exports are the benchmark's models
+sys.path.insert(
+    0, str(ROOT / "tests" / "harness")
+)  # the suite's torchvision exports are the benchmark's models
 
 import edgetrain as et  # noqa: E402
 

@@ -15,14 +15,14 @@ fi
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q -e ".[dev]"
-# PyTorch is an optional reference (tests/test_vs_torch.py). Pinned to the CPU build this kind of machine holds
+# PyTorch is an optional reference (tests/derive/test_vs_torch.py). Pinned to the CPU build this kind of machine holds
 # locally; elsewhere an unpinned or unavailable torch would pull gigabytes of CUDA packages, so it is only
 # installed when the local wheel is there (or EDGETRAIN_TORCH=1 asks for it), and its tests skip otherwise.
 # torchvision, transformers and onnxscript (the dynamo exporter) make the real exports of
-# tests/test_real_exports.py, peft the LoRA reference of tests/test_lora_peft.py; torch is pinned in the same
+# tests/onnx_io/test_real_exports.py, peft the LoRA reference of tests/derive/test_lora_peft.py; torch is pinned in the same
 # command so that resolving them cannot upgrade it.
 # (importlib.util.find_spec: importing transformers would import torchvision, which needs the workaround in
-# tests/exports.py.)
+# tests/harness/exports.py.)
 if ! .venv/bin/python -c "import importlib.util as u, sys; \
     sys.exit(any(u.find_spec(m) is None for m in ('torch', 'torchvision', 'transformers', 'onnxscript', 'peft')))" \
     2>/dev/null; then
@@ -38,7 +38,7 @@ if [ -x .venv-np124/bin/python ] || "$PY" -m venv .venv-np124; then
     && export EDGETRAIN_NUMPY124_PYTHON="$PWD/.venv-np124/bin/python"
 fi
 # The static checks: lint and format (ruff), and the import contracts of pyproject.toml (import-linter: the layers,
-# the device side without onnx, loaders without the rest of edgetrain). A second or two; tests/test_layers.py also
+# the device side without onnx, loaders without the rest of edgetrain). A second or two; tests/project/test_layers.py also
 # proves the contracts break when an import crosses a layer.
 .venv/bin/ruff check --quiet .
 .venv/bin/ruff format --check --quiet .

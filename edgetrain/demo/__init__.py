@@ -64,7 +64,7 @@ _LAZY = {
         "edgetrain.demo.keyboard",
     ),
     "DATA": "edgetrain.demo.common",
-    "_blas_threads": "edgetrain.demo.common",  # tests/test_demo_sequence.py restores the BLAS threads with it
+    "_blas_threads": "edgetrain.demo.common",  # tests/cli/test_demo_sequence.py restores the BLAS threads with it
 }
 
 __all__ = sorted(name for name in _LAZY if not name.startswith("_"))

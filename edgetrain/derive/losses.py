@@ -2,7 +2,7 @@
 appended after the model's output (the autodiff then differentiates through them like any other op).
 
 A custom loss is a subclass with `build` (and `target_info` when its target is not shaped like the output); the
-README's Huber loss is one (tests/test_losses_optimizers.py runs it).
+README's Huber loss is one (tests/derive/test_losses_optimizers.py runs it).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ chunks, the prefix (re-batched to the chunk by edgetrain.graph.rebatch, its bake
 runs once per chunk, one chunk after the other (After(x, token) holds each chunk back until the one before has
 finished), and the chunks' boundary values are concatenated for the rest of the step. The peak of the prefix's
 activations falls by the number of chunks; the step's results are those of the unchunked step (each sample meets
-the same kernels; tests/test_memory_budget.py compares them).
+the same kernels; tests/derive/test_memory_budget.py compares them).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A forward value the backward reads (a saved activation) lives from its forward node to its last backward reader:
 those values are most of a training step's peak. Recomputation keeps some of them and computes the others again
 when the backward reaches them, from the kept ones, with the same kernels on the same inputs: the step's results
-are bit for bit those of the step that kept everything (tests/test_memory_budget.py proves it).
+are bit for bit those of the step that kept everything (tests/derive/test_memory_budget.py proves it).
 
 Two levels, as the on-device training literature uses them (Chen et al. 2016, "Training Deep Nets with Sublinear
 Memory Cost"; PockEngine):

@@ -18,7 +18,7 @@ BLOCKED = ("onnx", "onnxruntime", "torch")
 
 
 class _Block:
-    """A meta path finder that refuses the build side's packages (as tests/device.py does)."""
+    """A meta path finder that refuses the build side's packages (as tests/harness/device.py does)."""
 
     def find_spec(self, name, path=None, target=None):
         if name.split(".")[0] in BLOCKED:

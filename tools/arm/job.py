@@ -49,13 +49,14 @@ SIMULATE = ["-m", "android_demo", "simulate", "--quick", "--json"]
 DEMO_MAIN = os.path.join(ROOT, "android_demo", "__main__.py")  # until it exists, step 5 is skipped
 RTOL = 1e-5
 # Test modules that import nothing of the build side (no onnx, onnxruntime or torch, also not through
-# tests/models.py, zoo.py or kernel_harness.py) and run in ~15 s emulated. Their device-script tests start child
+# tests/harness/models.py, zoo.py or kernel_harness.py) and run in ~15 s emulated. Their device-script tests start child
 # pythons; the numpy-1.24 one runs in the debian sysroot only (there it is numpy 1.24), and skips in the other.
 TESTS = [
-    "tests/test_loaders.py",
-    "tests/test_loaders_userdata.py",
-    "tests/test_numpy_only.py",
-    "tests/test_store.py",  # the phone's sample store: SQLite, crash safety (fast set; the slow kills stay native)
+    "tests/loaders/test_loaders.py",
+    "tests/loaders/test_loaders_userdata.py",
+    "tests/runtime/test_numpy_only.py",
+    # the phone's sample store: SQLite, crash safety (fast set; the slow kills stay native)
+    "tests/loaders/test_store.py",
 ]
 SYSROOTS = {
     # name: (ARM_NUMPY mode, folder, check of the numpy version it must hold)
@@ -111,7 +112,7 @@ def device_env(sysroot: str | None = None) -> dict[str, str]:
     env.pop("EDGETRAIN_NUMPY124_PYTHON", None)
     env.update(PYTHONPATH=ROOT, PYTHONNOUSERSITE="1")
     if sysroot is not None and SYSROOTS[sysroot][0] == "debian":
-        # tests/device.py's numpy-1.24 runs: the emulated python with Debian's numpy 1.24 (started on the host)
+        # tests/harness/device.py's numpy-1.24 runs: the emulated python with Debian's numpy 1.24 (started on the host)
         env["EDGETRAIN_NUMPY124_PYTHON"] = os.path.join(
             ROOT, SYSROOTS[sysroot][1], "usr", "bin", "python3-qemu"
         )

@@ -21,7 +21,9 @@ from onnx import numpy_helper
 import edgetrain as et
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))  # the test suite's models and exports are the benchmark's models
+sys.path.insert(
+    0, str(ROOT / "tests" / "harness")
+)  # the test suite's models and exports are the benchmark's models
 
 
 def prepare(c: Config, work: Path, *, with_torch: bool) -> dict[str, Any]:

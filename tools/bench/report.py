@@ -367,13 +367,13 @@ def _method(doc: dict) -> list[str]:
     models = []
     if families & {"mlp", "lenet"}:
         models.append(
-            "MLP and LeNet from tests/models.py (seeded weights; LeNet ends in Softmax, under which edgetrain's "
-            "cross-entropy reads the logits; onnxruntime-training gets the model without that Softmax, since its "
-            "loss takes logits)."
+            "MLP and LeNet from tests/harness/models.py (seeded weights; LeNet ends in Softmax, under which "
+            "edgetrain's cross-entropy reads the logits; onnxruntime-training gets the model without that Softmax, "
+            "since its loss takes logits)."
         )
     if "torchvision" in families:
         models.append(
-            "torchvision classifiers as users export them (tests/exports.py: TorchScript exporter, "
+            "torchvision classifiers as users export them (tests/harness/exports.py: TorchScript exporter, "
             "TrainingMode.EVAL, so BatchNorm is folded into the convolutions; fixed batch 8, 3x64x64, 10 classes); "
             "PyTorch trains that same folded module (an fx GraphModule) with the ONNX initial values copied in. "
             "Head-only trains the classifier only; BatchNorm (folded) and Dropout follow inference semantics "

@@ -155,7 +155,7 @@ def _import_torch(spec: dict):
 
 def _import_torchvision(torch) -> None:
     """torchvision 0.28 against the CPU torch wheel: declare the op schemas its compiled ops need first (as
-    tests/exports.py does; that module imports onnx, which would count in this process's memory)."""
+    tests/harness/exports.py does; that module imports onnx, which would count in this process's memory)."""
     try:
         import torchvision  # noqa: F401
     except RuntimeError:
