@@ -18,7 +18,7 @@ so a new rewrite is one class here (or in a module of its own, registered with @
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -27,11 +27,13 @@ from edgetrain.core.errors import ConfigError
 from edgetrain.core.ir import Graph
 from edgetrain.core.serialize import graph_to_dict
 
-from .adapters import LoraModule, merged_weights, unadapted
-from .channels import ChannelSplit, unsplit, whole_weights
 from .fields import Count, Items, Obj, Reader, Text, read_fields, spec
-from .quantized import QuantWeight
 from .rebatch import BatchPlan, apply_batch_plan
+
+if TYPE_CHECKING:  # the sections of LoRA, split layers and int8 load them when an artifact has one
+    from .adapters import LoraModule
+    from .channels import ChannelSplit
+    from .quantized import QuantWeight
 
 SECTIONS: dict[str, type[Section]] = {}  # header key -> the Section class that reads it
 
@@ -123,6 +125,24 @@ def read_sections(header: dict[str, Any], r: Reader, own: set[str]) -> dict[str,
         with r.field(key):
             out[key] = cls.read(value, r)
     return dict(sorted(out.items(), key=lambda kv: (type(kv[1]).ORDER, kv[0])))
+
+
+def _lora():
+    from edgetrain.graph import adapters  # start-up: only an artifact with LoRA adapters needs it
+
+    return adapters
+
+
+def _split():
+    from edgetrain.graph import channels  # start-up: only an artifact with split layers needs it
+
+    return channels
+
+
+def _int8():
+    from edgetrain.graph import quantized  # start-up: only an int8 artifact needs it
+
+    return quantized
 
 
 def _module_breaking(value: Any, list_key: str | None, fields: tuple[str, ...]) -> list[tuple[tuple, Any]]:
@@ -257,7 +277,7 @@ class AdaptersSection(Section):
         modules = []
         for d in value["modules"]:
             try:
-                m = LoraModule.from_dict(d)
+                m = _lora().LoraModule.from_dict(d)
                 ok = (
                     {m.A, m.B} <= params
                     and m.weight in base.initializers
@@ -285,9 +305,10 @@ class AdaptersSection(Section):
     def export(self, view: ExportView, options: dict[str, Any]) -> ExportView:
         if options.get("adapters", "merged") == "serving":
             return replace(view, defaults=(*view.defaults, *self.tensors))
-        merged = merged_weights(self.modules, view.graph.initializers, view.params)
+        lora = _lora()
+        merged = lora.merged_weights(self.modules, view.graph.initializers, view.params)
         rest = {k: v for k, v in view.params.items() if k not in set(self.tensors)}
-        return replace(view, graph=unadapted(view.graph, self.modules), params={**rest, **merged})
+        return replace(view, graph=lora.unadapted(view.graph, self.modules), params={**rest, **merged})
 
     @classmethod
     def breaking(cls, value):
@@ -314,7 +335,7 @@ class ChannelsSection(Section):
         out = []
         for d in value:
             try:
-                s = ChannelSplit.from_dict(d)
+                s = _split().ChannelSplit.from_dict(d)
                 ok = {s.trained, s.frozen} <= set(base.initializers) and set(s.nodes) <= names and s.nodes
             except (TypeError, KeyError, AttributeError, ValueError) as e:
                 raise r.bad(
@@ -329,10 +350,11 @@ class ChannelsSection(Section):
         return [s.to_dict() for s in self.splits], {}
 
     def export(self, view: ExportView, options: dict[str, Any]) -> ExportView:
-        whole = whole_weights(self.splits, view.graph.initializers, view.params)
+        split = _split()
+        whole = split.whole_weights(self.splits, view.graph.initializers, view.params)
         parts = {p for s in self.splits for p in (s.trained, s.frozen)}
         params = {**{k: v for k, v in view.params.items() if k not in parts}, **whole}
-        return replace(view, graph=unsplit(view.graph, self.splits), params=params)
+        return replace(view, graph=split.unsplit(view.graph, self.splits), params=params)
 
     @classmethod
     def breaking(cls, value):
@@ -381,7 +403,7 @@ class QuantizedSection(Section):
         weights = []
         for d in value["weights"] if isinstance(value["weights"], list) else [None]:
             try:
-                w = QuantWeight.from_dict(d)
+                w = _int8().QuantWeight.from_dict(d)
             except (TypeError, AttributeError) as e:
                 raise r.bad(f"its int8 export lists a malformed weight ({e})") from None
             if not _quant_weight_typed(w):
