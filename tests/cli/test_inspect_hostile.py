@@ -8,7 +8,6 @@ line exits 1 with one line and no traceback."""
 
 from __future__ import annotations
 
-import copy
 import os
 import re
 import subprocess
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from crafting import DELETE, crafted
 from models import MODELS, batch_for
 
 import edgetrain as et
@@ -28,7 +28,6 @@ from edgetrain.runtime.describe import describe, summary
 from loaders import ArrayDataView, DataLoader, InputPipeline
 
 ROOT = Path(__file__).resolve().parents[2]
-DELETE = object()
 MUTATIONS = {
     "deleted": DELETE,
     "None": None,
@@ -77,18 +76,6 @@ def key_paths(value, prefix=()):
     elif isinstance(value, list) and value:
         yield (*prefix, 0)
         yield from key_paths(value[0], (*prefix, 0))
-
-
-def crafted(header: dict, path: tuple, value) -> dict:
-    out = copy.deepcopy(header)
-    parent = out
-    for k in path[:-1]:
-        parent = parent[k]
-    if value is DELETE:
-        del parent[path[-1]]
-    else:
-        parent[path[-1]] = copy.deepcopy(value)
-    return out
 
 
 # how messages name a header's parts in words

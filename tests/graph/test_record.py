@@ -7,13 +7,12 @@ quantizer), written by the container's own writer with a valid checksum, as a ho
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import os
 
 import numpy as np
 import pytest
-from crafting import encode
+from crafting import DELETE, crafted, encode
 from models import MODELS
 
 import edgetrain as et
@@ -25,8 +24,6 @@ from edgetrain.graph.sections import SECTIONS
 from edgetrain.runtime.artifact import load_artifact
 from edgetrain.runtime.checkpoints import AdaptersFileRecord, CheckpointRecord, read_adapters, read_checkpoint
 from loaders import InputPipeline
-
-DELETE = object()
 
 
 def _int8_mlp(folder) -> str:
@@ -82,18 +79,6 @@ def artifacts(tmp_path_factory):
     return paths
 
 
-def _crafted(header: dict, path: tuple, value) -> dict:
-    out = copy.deepcopy(header)
-    parent = out
-    for k in path[:-1]:
-        parent = parent[k]
-    if value is DELETE:
-        del parent[path[-1]]
-    else:
-        parent[path[-1]] = copy.deepcopy(value)
-    return out
-
-
 def field_edits(cls: type, header: dict, prefix: tuple = ()):
     """(the path of the field, the value put there, the field's record class and name) for every field of `cls`
     the header holds or may hold, recursively into nested records: each value its spec says must be refused, and
@@ -138,7 +123,7 @@ def test_every_field_of_the_record_is_refused_broken_naming_itself(artifacts, tm
         target = tmp_path / f"{name}.etrain"
         edits = list(field_edits(ArtifactRecord, header)) + list(section_edits(header))
         for path, value, field in edits:
-            target.write_bytes(encode(_crafted(header, path, value), tensors))
+            target.write_bytes(encode(crafted(header, path, value), tensors))
             case = (
                 f"{name}: {'.'.join(map(str, path))} = {'deleted' if value is DELETE else repr(value)[:40]}"
             )
@@ -200,7 +185,7 @@ def test_checkpoint_and_adapter_files_refuse_broken_fields_naming_them(artifacts
         read(path)  # the file as written reads
         target = tmp_path / f"crafted{path.suffix}"
         for key, value, _ in field_edits(cls, header):
-            target.write_bytes(encode(_crafted(header, key, value), tensors, kind=kind))
+            target.write_bytes(encode(crafted(header, key, value), tensors, kind=kind))
             with pytest.raises(ArtifactError) as e:
                 read(target)
             assert _names_the_field(e.value, key) and str(target) in str(e.value), (key, value, str(e.value))

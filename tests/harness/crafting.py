@@ -4,6 +4,7 @@ writer's checks (a NaN or an infinity in the header, a table that lies about its
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import struct
@@ -63,3 +64,19 @@ def encode(
         edited = table(entries)
         entries = edited if isinstance(edited, dict) else entries
     return container_bytes({"header": header, "tensors": entries}, bytes(data), kind=kind)
+
+
+DELETE = object()  # crafted()'s value that deletes the key instead of setting it
+
+
+def crafted(header: dict, path: tuple, value: Any) -> dict:
+    """A copy of a header with the value at `path` (keys and list positions) replaced by `value`, or deleted."""
+    out = copy.deepcopy(header)
+    parent = out
+    for k in path[:-1]:
+        parent = parent[k]
+    if value is DELETE:
+        del parent[path[-1]]
+    else:
+        parent[path[-1]] = copy.deepcopy(value)
+    return out
