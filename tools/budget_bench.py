@@ -219,8 +219,9 @@ def _row(variant: str, art, path: Path, *, lr: float, seconds: float, option: st
     """What a converted variant is: what trains and how, and inspect's numbers for its file."""
     size = art.save(path)
     mem = artifact_step_memory(path)
-    chosen = (getattr(art, "budget", None) or {}).get("chosen")
-    weighed = (getattr(art, "budget", None) or {}).get("weighed", [])
+    budget = art.section(MemoryBudgetSection)
+    chosen = budget.chosen if budget is not None else None
+    weighed = budget.weighed if budget is not None else []
     return {
         "variant": variant,
         "option": chosen["name"] if chosen else option,

@@ -32,6 +32,17 @@ S = TypeVar("S", bound=Section)
 UPDATED = ".updated"  # output name of the next value of a parameter or state tensor: f"{name}.updated"
 
 
+@dataclass(frozen=True)
+class FusedStep:
+    """The step without its update nodes, for an optimizer the runtime runs as a fused kernel (SGD, Adam, AdamW):
+    its outputs are the loss, the model's outputs and each parameter's gradient (`gradients`: parameter -> output),
+    and each optimizer state tensor's role (`state_roles`: name -> (kind, parameter))."""
+
+    graph: Graph
+    gradients: dict[str, str]
+    state_roles: dict[str, tuple[str, str]]
+
+
 @dataclass
 class TrainingArtifact:
     """One derived training step and everything needed to run, resume and export it."""
@@ -54,8 +65,8 @@ class TrainingArtifact:
     roles: Roles | None = None  # every initializer's role in the imported model (build side only)
     # what conversion did that the user should know (re-batching)
     notes: list[str] = field(default_factory=list)
-    # the step for the runtime's fused optimizer (see _fused_program), or None: the runtime runs `graph`
-    fused: dict | None = None
+    # the step for the runtime's fused optimizer (see pipeline._fused_program), or None: the runtime runs `graph`
+    fused: FusedStep | None = None
     # the sections the rewrites applied at convert leave for the device, by header key (edgetrain.graph.sections)
     sections: dict[str, Section] = field(default_factory=dict)
 
@@ -119,9 +130,9 @@ def artifact_record(art: TrainingArtifact, *, fused_only: bool = False) -> Artif
     if (
         art.fused is not None
     ):  # the step without its update nodes, planned on its own (see convert._fused_program)
-        fprogram, fplan = plan_memory(art.fused["graph"])
-        roles = {name: tuple(role) for name, role in art.fused["state_roles"].items()}
-        fused = FusedRecord(program=fprogram, plan=fplan, gradients=art.fused["gradients"], state_roles=roles)
+        fprogram, fplan = plan_memory(art.fused.graph)
+        roles = dict(art.fused.state_roles)
+        fused = FusedRecord(program=fprogram, plan=fplan, gradients=art.fused.gradients, state_roles=roles)
     io = IORecord(**{f: tuple(v) if isinstance(v, list) else v for f, v in _io(art).items()})
     return ArtifactRecord(
         values=dict(art.initial),

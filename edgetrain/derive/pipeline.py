@@ -23,7 +23,7 @@ from edgetrain.graph.passes import fold_constants, make_static, prune
 from edgetrain.graph.quantized import Lowered
 
 from .adapters import IAdapter
-from .artifact import UPDATED, TrainingArtifact
+from .artifact import UPDATED, FusedStep, TrainingArtifact
 from .autodiff.context import ShapedBuilder, default_shape_rule
 from .autodiff.driver import differentiate
 from .budget import Option
@@ -436,7 +436,7 @@ def _pure_step(inference: Graph, ext: _Extended, rule) -> tuple[Graph, dict[str,
 
 def _fused_program(
     graph: Graph, optimizer: IOptimizer, ctx, params, grads, loss: str, outputs
-) -> dict | None:
+) -> FusedStep | None:
     """For an optimizer the runtime runs as a fused kernel over flat buffers (SGD, Adam, AdamW): the step without
     its update nodes, whose outputs are the loss, the model's outputs and each parameter's gradient; with the
     gradient names and the role of each state tensor. The step graph itself stays whole (training_onnx, other
@@ -449,11 +449,8 @@ def _fused_program(
     read = {i for n in reduced.nodes for i in n.inputs if i} | set(reduced.outputs)
     reduced.inputs = [i for i in reduced.inputs if i in read or i in params]
     reduced.verify(static=True)
-    return {
-        "graph": reduced,
-        "gradients": gradients,
-        "state_roles": {name: list(role) for name, role in ctx.state_roles.items()},
-    }
+    roles = {name: (role[0], role[1]) for name, role in ctx.state_roles.items()}
+    return FusedStep(graph=reduced, gradients=gradients, state_roles=roles)
 
 
 def read_roles(
