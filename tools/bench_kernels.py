@@ -30,7 +30,8 @@ def load_rev(rev: str) -> tuple[types.SimpleNamespace, types.ModuleType]:
     """The conv and pool kernels and nn_grad (and the window and depthwise modules they use) as of git revision rev,
     loaded as modules of their own beside today's."""
     mods = {}
-    kernels, registry.KERNELS = registry.KERNELS, {}  # the old kernels register into a throwaway table
+    real = registry.kernel
+    registry.kernel = lambda *a, **k: lambda fn: fn  # the old kernels register nowhere: today's keep the op records
     try:
         for name in ("depthwise", "window", "conv", "pool", "nn_grad"):
             path = f"{PKG.replace('.', '/')}/{name}.py"
@@ -46,7 +47,7 @@ def load_rev(rev: str) -> tuple[types.SimpleNamespace, types.ModuleType]:
             exec(compile(src, f"{rev}:{path}", "exec"), mod.__dict__)
             mods[name] = mod
     finally:
-        registry.KERNELS = kernels
+        registry.kernel = real
     return kernels_of(mods["conv"], mods["pool"]), mods["nn_grad"]
 
 
