@@ -124,10 +124,13 @@ def _depth(text: str) -> int:
 
 
 def _says(what: str, value: Any, problem: str, fix: str) -> str:
-    if isinstance(value, numbers.Integral) and abs(int(value)).bit_length() > 200:  # repr refuses 4300 digits
-        shown = f"(a whole number of about {int(abs(int(value)).bit_length() * math.log10(2)) + 1} digits)"
-    else:
-        shown = repr(value) if not isinstance(value, str) else f"'{value}'"
-    if len(shown) > 60:
-        shown = shown[:57] + "..."
-    return f"{what} {shown} {problem}" + (f"; {fix}" if fix else "")
+    return f"{what} {shown(value)} {problem}" + (f"; {fix}" if fix else "")
+
+
+def shown(value: Any, n: int = 60) -> str:
+    """A value as a message quotes it: a string in quotes, else its repr, cut to about n characters; an integer of
+    hundreds of digits by its size (repr refuses one of more than 4300)."""
+    if isinstance(value, numbers.Integral) and abs(int(value)).bit_length() > 200:
+        return f"(a whole number of about {int(abs(int(value)).bit_length() * math.log10(2)) + 1} digits)"
+    text = repr(value) if not isinstance(value, str) else f"'{value}'"
+    return text if len(text) <= n else text[: n - 3] + "..."
