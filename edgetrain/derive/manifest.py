@@ -13,6 +13,7 @@ manifest, it alone decides what trains; the roles read from the graph still name
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -67,10 +68,15 @@ def read_manifest(graph: Graph, given: str | os.PathLike | Mapping | None) -> Ma
     path = os.fsdecode(given)
     try:
         with open(path, "rb") as f:
-            data = f.read(MAX_MANIFEST_BYTES + 1)
+            info = os.fstat(f.fileno())
+            # read(n) allocates n bytes first: a regular file is read to its size, and refused unread when larger
+            # than the bound (a pipe's size is known only once read)
+            regular = stat.S_ISREG(info.st_mode)
+            large = regular and info.st_size > MAX_MANIFEST_BYTES
+            data = b"" if large else f.read(info.st_size + 1 if regular else MAX_MANIFEST_BYTES + 1)
     except OSError as e:
         raise StorageError.of(e, path, "cannot read the parameter manifest") from None
-    if len(data) > MAX_MANIFEST_BYTES:
+    if large or len(data) > MAX_MANIFEST_BYTES:
         raise ConfigError(f"'{path}' is larger than a parameter manifest may be ({MAX_MANIFEST_BYTES} bytes)")
     return _parse(_json(data, f"'{path}'"), graph, f"'{path}'")
 
