@@ -206,10 +206,13 @@ def _check_bytes(path: str, im, channels: int | None, max_bytes: int) -> None:
         im.mode, width, height, channels, fmt=im.format or "", transparency="transparency" in im.info
     )
     if need > max_bytes:
+        convert = (
+            "" if im.mode in ("L", "RGB") else ", or save it as 8-bit RGB or grayscale, fewer bytes a pixel"
+        )
         raise DataLimitError(
             f"{path}: decoding this {width} x {height} image of mode {im.mode} takes {size_text(need)}, more "
-            f"than the {size_text(max_bytes)} allowed; refused before decoding it (scale it down, or convert it "
-            f"to 8-bit RGB or grayscale, which take fewer bytes a pixel; or pass max_bytes= to allow more)",
+            f"than the {size_text(max_bytes)} allowed; refused before decoding it (scale it down{convert}; or "
+            f"pass max_bytes=, an image view's max_image_bytes=, to allow more)",
             path,
             limit=max_bytes,
             needed=need,
