@@ -14,7 +14,7 @@ import re
 import numpy as np
 
 from .errors import ConfigError, DataError, DataLimitError
-from .imagedecode import IMAGE_MAX_PIXELS
+from .imagedecode import IMAGE_MAX_BYTES, IMAGE_MAX_PIXELS
 from .imagelayout import IMAGE_EXTENSIONS, is_image_name
 from .images import ImageFilesView, _classes_argument
 from .limits import CSV_MAX_BYTES, limit_argument, size_text
@@ -198,7 +198,8 @@ class ImageListView(ImageFilesView):
     are the labels, otherwise every label is a name, and the sorted names (or `classes=`) give the labels 0..K-1,
     as an ImageFolderView of the same classes would. The list's text may be at most max_bytes (CSV_MAX_BYTES).
 
-    Other options (size=, crop=, channels=, num_classes=, max_pixels=) are ImageFilesView's.
+    Other options (size=, crop=, channels=, num_classes=, max_pixels=, max_image_bytes=) are
+    ImageFilesView's.
     """
 
     def __init__(
@@ -211,6 +212,7 @@ class ImageListView(ImageFilesView):
         channels: int | None = None,
         num_classes: int | None = None,
         max_pixels: int = IMAGE_MAX_PIXELS,
+        max_image_bytes: int = IMAGE_MAX_BYTES,
         delimiter: str | None = None,
         max_bytes: int = CSV_MAX_BYTES,
     ):
@@ -240,6 +242,7 @@ class ImageListView(ImageFilesView):
             channels=channels,
             num_classes=num_classes,
             max_pixels=max_pixels,
+            max_image_bytes=max_image_bytes,
             source=path,
         )
 
