@@ -17,7 +17,7 @@ from .errors import ConfigError, DataError, DataLimitError
 from .imagedecode import IMAGE_MAX_BYTES, IMAGE_MAX_PIXELS
 from .imagelayout import IMAGE_EXTENSIONS, is_image_name
 from .images import IMAGE_MAX_CLASSES, ImageFilesView, _classes_argument
-from .limits import CSV_MAX_BYTES, limit_argument, size_text
+from .limits import CSV_MAX_BYTES, limit_argument, read_capped, size_text
 from .values import bounded_json
 
 _PATH_COLUMNS = ("path", "file", "filename", "file_name", "filepath", "image", "image_path", "img")
@@ -36,8 +36,14 @@ def _list_text(path: str, max_bytes: int) -> str:
                 limit=max_bytes,
                 needed=size,
             )
-        with open(path, "rb") as f:
-            raw = f.read(max_bytes + 1)
+        with open(path, "rb") as f:  # by chunks: read(max_bytes + 1) allocated 256 MiB for a list of 1 KiB
+            raw, over = read_capped(f, max_bytes)
+        if over:  # it grew since
+            raise DataLimitError(
+                f"{path}: a list file of more than {size_text(max_bytes)} (pass max_bytes= to allow more)",
+                path,
+                limit=max_bytes,
+            )
     except OSError as e:
         raise DataError(f"{path}: cannot read ({e.strerror or e})", path) from e
     try:
