@@ -106,7 +106,10 @@ class Augment:
                 options[name] = True
                 continue
             options[name] = _read_number(value, known[name], f"augmentation {shown!r}: {item[:40]!r}")
-        return cls(**options, seed=seed, layout=layout)
+        try:
+            return cls(**options, seed=seed, layout=layout)
+        except ConfigError as e:  # a number out of range: the message names the spec it came from as well
+            raise ConfigError(f"augmentation {shown!r}: {e}") from None
 
     @property
     def text(self) -> str:
