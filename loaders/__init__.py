@@ -12,7 +12,7 @@ from .csvtable import CsvDataView
 from .detect import open_data
 from .digest import fingerprint
 from .errors import ConfigError, DataError, DataLimitError, SampleIndexError
-from .imagedecode import IMAGE_MAX_PIXELS, read_image
+from .imagedecode import IMAGE_MAX_BYTES, IMAGE_MAX_PIXELS, read_image
 from .imagelists import ImageListView
 from .images import ImageFilesView, ImageFolderView
 from .limits import CSV_MAX_BYTES, IDX_GZ_MAX_BYTES, NPZ_MAX_BYTES, NPZ_MAX_MEMBERS
@@ -27,6 +27,7 @@ from .views import ArrayDataView, IDataView, SubsetView, check_finite, check_lab
 
 __all__ = [
     "CSV_MAX_BYTES",
+    "IMAGE_MAX_BYTES",
     "IMAGE_MAX_PIXELS",
     "IDX_GZ_MAX_BYTES",
     "NPZ_MAX_BYTES",

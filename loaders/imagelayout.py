@@ -52,6 +52,38 @@ def _sidecar(name: str) -> bool:
     return low in SIDECAR_NAMES or low.endswith(SIDECAR_EXTENSIONS)
 
 
+def _within(path: str, folder: str) -> bool:
+    """Whether real path `path` is `folder` or inside it."""
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def linked_folder_fault(folder: str, real: str, root: str, real_root: str, reached: list[str]) -> str | None:
+    """Why an image folder's reading must not follow `folder`, a link (or inside one) that resolves to `real`
+    (ROOT being `root`, `real_root` its real path, `reached` the real paths of the links followed before), or
+    None when it leads elsewhere: a loop (it leads to ROOT, a folder holding ROOT or one holding the link), into
+    ROOT (another folder's images, read again under this class), or to a folder another link reaches too."""
+    fix = "remove the link, or replace it with a copy of the images it should add"
+    if _within(real_root, real):
+        return (
+            f"{folder}: a link to {real}, which holds {root} itself: following it would read the image folder "
+            f"again, without end; {fix}"
+        )
+    if _within(os.path.realpath(os.path.dirname(folder)), real):
+        return f"{folder}: a link to {real}, which holds the link itself: following it never ends (a loop); {fix}"
+    if _within(real, real_root):
+        return (
+            f"{folder}: a link to {real}, a folder inside {root}: its images are read already (or would be "
+            f"read twice, under two classes); {fix}"
+        )
+    twice = next((r for r in reached if _within(real, r) or _within(r, real)), None)
+    if twice is not None:
+        return (
+            f"{folder}: a link to {real}, which another link of {root} reaches too ({twice}): its images would be "
+            f"read twice; {fix}"
+        )
+    return None
+
+
 # -- the layout of a directory ------------------------------------------------------------------------------------
 def _listing(directory: str) -> tuple[list[str], list[str]]:
     """(visible subfolders, visible files) of a directory, sorted."""

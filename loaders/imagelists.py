@@ -14,10 +14,11 @@ import re
 import numpy as np
 
 from .errors import ConfigError, DataError, DataLimitError
-from .imagedecode import IMAGE_MAX_PIXELS
+from .imagedecode import IMAGE_MAX_BYTES, IMAGE_MAX_PIXELS
 from .imagelayout import IMAGE_EXTENSIONS, is_image_name
-from .images import ImageFilesView, _classes_argument
-from .limits import CSV_MAX_BYTES, limit_argument, size_text
+from .images import IMAGE_MAX_CLASSES, ImageFilesView, _classes_argument
+from .limits import CSV_MAX_BYTES, limit_argument, read_capped, size_text
+from .values import bounded_json
 
 _PATH_COLUMNS = ("path", "file", "filename", "file_name", "filepath", "image", "image_path", "img")
 _LABEL_COLUMNS = ("label", "labels", "class", "target", "y", "category")
@@ -35,8 +36,14 @@ def _list_text(path: str, max_bytes: int) -> str:
                 limit=max_bytes,
                 needed=size,
             )
-        with open(path, "rb") as f:
-            raw = f.read(max_bytes + 1)
+        with open(path, "rb") as f:  # by chunks: read(max_bytes + 1) allocated 256 MiB for a list of 1 KiB
+            raw, over = read_capped(f, max_bytes)
+        if over:  # it grew since
+            raise DataLimitError(
+                f"{path}: a list file of more than {size_text(max_bytes)} (pass max_bytes= to allow more)",
+                path,
+                limit=max_bytes,
+            )
     except OSError as e:
         raise DataError(f"{path}: cannot read ({e.strerror or e})", path) from e
     try:
@@ -97,10 +104,10 @@ def _csv_entries(path: str, text: str, delimiter: str | None) -> list[tuple[str,
 def _json_entries(path: str, text: str) -> list[tuple[str, str, object]]:
     """(where, image path, label) of a JSON list: [{"path": ..., "label": ...}, ...] or {"path": label, ...}."""
     forms = '[{"path": "cat/1.png", "label": "cat"}, ...] or {"cat/1.png": "cat", ...}'
-    try:
-        data = json.loads(text)
-    except (ValueError, RecursionError) as e:
-        raise DataError(f"{path}: not valid JSON ({e}); a JSON image list is {forms}", path) from e
+    try:  # its size is bounded already (max_bytes); its depth is checked before the parser recurses into it
+        data = bounded_json(text, path, max_bytes=len(text))
+    except ConfigError as e:
+        raise DataError(f"{e}; a JSON image list is {forms}", path) from None
     if isinstance(data, dict):
         odd = next((k for k in data if not is_image_name(k)), None)
         if odd is not None:  # e.g. a COCO annotations file, which names images deeper down
@@ -151,15 +158,18 @@ def _label_ids(path: str, entries, classes) -> tuple[np.ndarray, list[str] | Non
         )
     names = None if classes is None else _classes_argument(classes)
     if all(whole):
-        ids = np.array([int(t) for t in texts], dtype=np.int64)
-        top = len(names) if names is not None else None
-        bad = np.flatnonzero((ids < 0) | (ids >= (top or 2**62)))
-        if bad.size:
-            k = int(bad[0])
-            span = "0..K-1" if top is None else f"0..{top - 1}, the classes given"
-            raise DataError(
-                f"{path}: {entries[k][0]}: the label {ids[k]} is not a class number ({span})", path
-            )
+        top = len(names) if names is not None else IMAGE_MAX_CLASSES
+        span = f"0..{top - 1}, " + ("the classes given" if names is not None else f"at most {top} classes")
+        ids = np.empty(len(texts), dtype=np.int64)
+        for k, t in enumerate(texts):
+            # the digits are counted before int() reads them: Python refuses more than 4300 of them with a bare
+            # ValueError, and numpy's int64 more than 19 with an OverflowError
+            shown = t if len(t) <= 24 else f"{t[:12]}...({len(t)} digits)"
+            if len(t.lstrip("+-").lstrip("0")) > len(str(top)) or not 0 <= int(t) < top:
+                raise DataError(
+                    f"{path}: {entries[k][0]}: the label {shown} is not a class number ({span})", path
+                )
+            ids[k] = int(t)
         return ids, names
     names = sorted(set(texts)) if names is None else names
     index = {n: k for k, n in enumerate(names)}
@@ -198,7 +208,8 @@ class ImageListView(ImageFilesView):
     are the labels, otherwise every label is a name, and the sorted names (or `classes=`) give the labels 0..K-1,
     as an ImageFolderView of the same classes would. The list's text may be at most max_bytes (CSV_MAX_BYTES).
 
-    Other options (size=, crop=, channels=, num_classes=, max_pixels=) are ImageFilesView's.
+    Other options (size=, crop=, channels=, num_classes=, max_pixels=, max_image_bytes=) are
+    ImageFilesView's.
     """
 
     def __init__(
@@ -211,6 +222,7 @@ class ImageListView(ImageFilesView):
         channels: int | None = None,
         num_classes: int | None = None,
         max_pixels: int = IMAGE_MAX_PIXELS,
+        max_image_bytes: int = IMAGE_MAX_BYTES,
         delimiter: str | None = None,
         max_bytes: int = CSV_MAX_BYTES,
     ):
@@ -240,6 +252,7 @@ class ImageListView(ImageFilesView):
             channels=channels,
             num_classes=num_classes,
             max_pixels=max_pixels,
+            max_image_bytes=max_image_bytes,
             source=path,
         )
 
