@@ -199,10 +199,15 @@ def _paths_apart(
     inputs = [("the artifact", artifact), ("--data", data), ("--val-data", val_data)]
     if init_from is not None and not same_file(init_from, checkpoint):
         inputs.append(("--init-from", init_from))
-    outputs = [("--checkpoint", checkpoint), ("the best checkpoint", best), ("--log", log), ("--plot", plot)]
+    outputs = [
+        ("--checkpoint", checkpoint),
+        ("--checkpoint's best checkpoint", best),
+        ("--log", log),
+        ("--plot", plot),
+    ]
     outputs_apart(inputs=inputs, outputs=outputs, command="train")
     replaceable(checkpoint, "checkpoint", option="--checkpoint", command="train", overwrite=overwrite)
-    replaceable(best, "checkpoint", option="the best checkpoint", command="train")
+    replaceable(best, "checkpoint", option="--checkpoint's best checkpoint", command="train")
     replaceable(log, "history", option="--log", command="train")
     replaceable(plot, "plot", option="--plot", command="train")
 

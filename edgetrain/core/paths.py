@@ -71,6 +71,7 @@ _MAGICS = {
     b"SQLite format 3\x00": "sqlite",
 }
 _SNIFF = 512  # bytes read to tell a file's kind
+_SEARCHED = 100_000  # files of a folder searched for another name of a hard-linked input
 
 
 def shown(path: str | os.PathLike) -> str:
@@ -101,22 +102,50 @@ def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
 
 def within(path: str | os.PathLike, folder: str | os.PathLike) -> bool:
     """Whether path is folder or lies inside it, compared as same_file compares (each folder above path's real
-    path is compared with folder)."""
+    path is compared with folder), or is a hard link to a file in it (which a write in there would change)."""
     here = _real(path)
     while True:
         if same_file(here, folder):
             return True
         parent = os.path.dirname(here)
         if parent == here:
-            return False
+            return _linked_into(path, folder)
         here = parent
 
 
+def _linked_into(path: str | os.PathLike, folder: str | os.PathLike) -> bool:
+    """Whether path is a file with other names (hard links), one of them in folder: searched only then, and in the
+    first _SEARCHED entries of the folder (a larger one is left unsearched)."""
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink < 2 or not os.path.isdir(folder):
+            return False
+    except (OSError, ValueError):
+        return False
+    seen = 0
+    for root, _, files in os.walk(folder):
+        for name in files:
+            seen += 1
+            if seen > _SEARCHED:
+                return False
+            try:
+                other = os.stat(os.path.join(root, name))
+            except OSError:
+                continue
+            if (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino):
+                return True
+    return False
+
+
 def _both(a: str | os.PathLike, b: str | os.PathLike) -> str:
-    """ " (both are /real/path)" when the two were given differently, so the message shows why they are one."""
+    """Why two paths given differently are one file, for the message: " (both are /real/path)", or what two real
+    paths that are one file are."""
     if os.fspath(a) == os.fspath(b):
         return ""
-    return f" (both are {shown(_real(a))})"
+    real_a, real_b = _real(a), _real(b)
+    if real_a == real_b:
+        return f" (both are {shown(real_a)})"
+    return f" ({shown(real_a)} and {shown(real_b)} are one file: hard links, or names differing only in case)"
 
 
 def outputs_apart(
@@ -143,8 +172,8 @@ def outputs_apart(
             if same_file(path, source_path):
                 raise UsageError(
                     f"{label} {shown(path)} and {source} {shown(source_path)} are the same {_what(path)}"
-                    f"{_both(path, source_path)}: {command} reads {source} and would write over it; give {label} "
-                    "another path"
+                    f"{_both(path, source_path)}: {command} reads {source} and would write "
+                    f"{'into' if _what(path) == 'folder' else 'over'} it; give {_option(label)} another path"
                 )
     for option, place in ((label, p) for label, p in places if p is not None):
         for label, path in [*ins, *outs]:
@@ -156,10 +185,18 @@ def outputs_apart(
 
 
 def _where(path: str | os.PathLike, place: str | os.PathLike) -> str:
-    """How path stands to a place a command writes: "is", "is PLACE (both are ...)," or "lies in PLACE,"."""
-    if not same_file(path, place):
-        return f"lies in {shown(place)},"
-    return "is" if os.fspath(path) == os.fspath(place) else f"is {shown(place)}{_both(path, place)},"
+    """How path stands to a place a command writes: "is", "is PLACE (both are ...),", "lies in PLACE," or "is a
+    hard link to a file in PLACE,"."""
+    if same_file(path, place):
+        return "is" if os.fspath(path) == os.fspath(place) else f"is {shown(place)}{_both(path, place)},"
+    if _linked_into(path, place) and not within(os.path.dirname(_real(path)), place):
+        return f"is a hard link to a file in {shown(place)},"
+    return f"lies in {shown(place)},"
+
+
+def _option(label: str) -> str:
+    """The option that chooses a path, from its label: "--checkpoint's best checkpoint" -> "--checkpoint"."""
+    return next((w.removesuffix("'s") for w in label.split() if w.startswith("-")), label)
 
 
 def _what(path: str | os.PathLike) -> str:
@@ -219,7 +256,7 @@ def replaceable(
     what = "a file (empty)" if found == "empty" else FOUND[found]
     if found == "folder":
         raise UsageError(
-            f"{option} {shown(path)} is a folder: {command} writes {WRITTEN[kind]} to a file; give {option} a "
+            f"{option} {shown(path)} is a folder: {command} writes {WRITTEN[kind]} to a file; give {_option(option)} a "
             "file's path"
         )
     if kind == "folder":
@@ -229,5 +266,5 @@ def replaceable(
     note = f" (--overwrite replaces only {WRITTEN[kind]})" if overwrite else ""
     raise UsageError(
         f"{option} {shown(path)} is {what}: {command} writes {WRITTEN[kind]} there and would replace it{note}; "
-        f"give {option} a new path, or one that holds {WRITTEN[kind]}"
+        f"give {_option(option)} a new path, or one that holds {WRITTEN[kind]}"
     )
