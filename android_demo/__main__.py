@@ -158,9 +158,45 @@ def _init(args: argparse.Namespace) -> int:
     return 0
 
 
+def _inputs(args: argparse.Namespace) -> list[tuple[str, str | None]]:
+    """The files a command reads, by the option that names them (embedded ones by what they are)."""
+    from .text import KEYBOARD, KEYBOARD_VOCAB  # numpy loads with it: after the thread count is set
+
+    if args.command == "simulate":
+        from .simulate import ARTIFACT, NEW_USER  # only for simulate: the embedded data's story
+
+        return [("the embedded artifact", ARTIFACT), ("the embedded digits", NEW_USER)]
+    if args.command == "init" and args.text:
+        return [("--artifact", args.artifact or KEYBOARD), ("--vocab", args.vocab or KEYBOARD_VOCAB)]
+    names = ("artifact", "vocab") if args.command == "init" else ("data", "sentences")
+    return [(f"--{name}", getattr(args, name, None)) for name in names]
+
+
+def _paths_apart(args: argparse.Namespace) -> None:
+    """The home's own files kept apart from what a command reads: no input may be the home folder, nor one of the
+    files and folders the home writes in it (an input there would be written over); --home must be a folder or a
+    new name. Checked before anything is read or written."""
+    from edgetrain.core.paths import outputs_apart, replaceable  # numpy loads with it: as above
+
+    from .home import ARTIFACT, CURRENT, LOG, SETTINGS, STORE, VERSIONS  # as above
+    from .text import VOCAB  # as above
+
+    if not args.home:
+        return
+    own = (ARTIFACT, STORE, f"{STORE}-wal", f"{STORE}-shm", CURRENT, SETTINGS, LOG, VOCAB, VERSIONS)
+    outputs_apart(
+        inputs=_inputs(args),
+        outputs=[("--home", args.home)],
+        places=[("--home", os.path.join(args.home, name)) for name in own],
+        command=args.command,
+    )
+    replaceable(args.home, "folder", option="--home", command=args.command)
+
+
 def run(args: argparse.Namespace) -> int:
     from .text import open_home  # numpy loads with it: only now, after main() has set the BLAS thread count
 
+    _paths_apart(args)
     if args.command == "simulate":
         from .simulate import simulate  # only for simulate: the embedded data's story
 

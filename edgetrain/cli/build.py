@@ -16,6 +16,7 @@ import numpy as np
 from edgetrain.core.atomic import atomic_write
 from edgetrain.core.container import inspect_container
 from edgetrain.core.errors import EdgeTrainError, RebatchError, StorageError, UsageError
+from edgetrain.core.paths import outputs_apart, replaceable
 from edgetrain.graph.sections import AdaptersSection, BatchPlanSection, QuantizedSection
 from edgetrain.runtime.describe import describe, summary
 from edgetrain.runtime.progress import duration, mb
@@ -70,8 +71,23 @@ def _config_text(cfg: dict[str, Any]) -> str:
     return f"{cfg.get('type', '?')} ({rest})" if rest else str(cfg.get("type", "?"))
 
 
+def _convert_output(cfg: ConvertConfig) -> str:
+    """The artifact convert writes (-o, else the model's name with .etrain), checked with --emit-onnx apart from
+    the files it reads and able to replace what is there (edgetrain.core.paths)."""
+    out = cfg.output or os.path.splitext(cfg.model)[0] + ".etrain"
+    outputs_apart(
+        inputs=[("the model", cfg.model), ("--parameters", cfg.parameters)],
+        outputs=[("-o", out), ("--emit-onnx", cfg.emit_onnx)],
+        command="convert",
+    )
+    replaceable(out, "artifact", option="-o", command="convert")
+    replaceable(cfg.emit_onnx, "onnx", option="--emit-onnx", command="convert")
+    return out
+
+
 def run_convert(args: argparse.Namespace) -> int:
     cfg = ConvertConfig.from_args(args)
+    out = _convert_output(cfg)
     if not os.path.isfile(cfg.model):
         raise EdgeTrainError(f"{cfg.model}: no such file (convert takes an ONNX inference model)")
     from edgetrain.derive.check import (
@@ -81,7 +97,6 @@ def run_convert(args: argparse.Namespace) -> int:
     from edgetrain.derive.pipeline import convert  # build side: loaded once there is a model to convert
 
     loss, optimizer = _make_loss(cfg.loss), _make_optimizer(cfg.optimizer)
-    out = cfg.output or os.path.splitext(cfg.model)[0] + ".etrain"
     if sys.stderr.isatty():  # a status line while it works (seconds for large models); logs get the summary
         print(f"converting {cfg.model}: import, loss, gradients, optimizer, memory plan ...", file=sys.stderr)
     t0 = time.perf_counter()
@@ -264,8 +279,22 @@ def _listed(patterns: tuple[str, ...] | None) -> list[str] | None:
     return None if patterns is None else list(patterns)
 
 
+def _export_apart(cfg: ExportConfig) -> None:
+    """-o and --adapter-file apart from the artifact and checkpoint export reads, each able to replace what is
+    there: an ONNX model, and edgetrain's adapter file or onnxruntime's (by the name, as _export_adapters writes)."""
+    adapters = "onnx_adapter" if (cfg.adapter_file or "").endswith(".onnx_adapter") else "adapters"
+    outputs_apart(
+        inputs=[("the artifact", cfg.artifact), ("--checkpoint", cfg.checkpoint)],
+        outputs=[("-o", cfg.output), ("--adapter-file", cfg.adapter_file)],
+        command="export",
+    )
+    replaceable(cfg.output, "onnx", option="-o", command="export")
+    replaceable(cfg.adapter_file, adapters, option="--adapter-file", command="export")
+
+
 def run_export(args: argparse.Namespace) -> int:
     cfg = ExportConfig.from_args(args)
+    _export_apart(cfg)
     sess = open_session(cfg.artifact)
     which = load_weights(sess, cfg.checkpoint, cfg.artifact)
     if (cfg.requantize or cfg.float_model) and sess.record.section(QuantizedSection) is None:
@@ -386,6 +415,21 @@ def _raw_batch(sess, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         imageops.center_crop(raw, pipeline.crop, layout=layout) if pipeline.crop else raw
     )  # as readers crop
     return raw, sess.preprocess(cropped, source="the random batch")
+
+
+def demo_apart(args: argparse.Namespace) -> None:
+    """`edgetrain demo`'s files: --out must be a folder (or a new name), and --json a JSON file of its own,
+    outside the folder the demo fills (each demo names its folder the same way when --out is not given)."""
+    out = args.out or (
+        "edgetrain-demo-int8"
+        if args.quantized
+        else "edgetrain-demo"
+        if args.model == "lenet"
+        else f"edgetrain-demo-{args.model}"
+    )
+    outputs_apart(outputs=[("--json", args.json)], places=[("--out", out)], command="demo")
+    replaceable(out, "folder", option="--out", command="demo")
+    replaceable(args.json, "json", option="--json", command="demo")
 
 
 def run_demo(args: argparse.Namespace) -> int:

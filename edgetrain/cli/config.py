@@ -21,6 +21,7 @@ import numpy as np
 
 from edgetrain.core.container import inspect_container
 from edgetrain.core.errors import ArtifactError, ConfigError, EdgeTrainError, UsageError
+from edgetrain.core.paths import same_file
 from edgetrain.runtime.feeding import DataOptions, parse_options
 from edgetrain.runtime.schedules import ConstantLR, CosineLR, StepLR, WarmupLR
 from loaders import parse_normalize, parse_scale
@@ -306,7 +307,7 @@ def _check_start(args: argparse.Namespace, checkpoint: str) -> None:
             "--data is required: the training data (an MNIST directory or idx pair, .npz or .csv); only --resume "
             "finds it in the checkpoint"
         )
-    replaces_own_start = args.init_from and os.path.abspath(args.init_from) == os.path.abspath(checkpoint)
+    replaces_own_start = args.init_from and same_file(args.init_from, checkpoint)
     if os.path.exists(checkpoint) and not (args.resume or args.overwrite or replaces_own_start):
         raise UsageError(
             f"checkpoint {checkpoint} exists: --resume to continue that run, --init-from {checkpoint} to start a "

@@ -27,7 +27,7 @@ from edgetrain.runtime.feeding import DataOptions, open_feed
 from edgetrain.runtime.progress import duration, mb, percent
 from edgetrain.runtime.trainer import session_batch
 
-from .common import open_session
+from .common import federation_apart, open_session
 from .federate_config import FederateConfig
 
 
@@ -63,6 +63,7 @@ def _clients(cfg: FederateConfig, sess, out: str) -> list[dict[str, Any]]:
 
 def run_federate(args: argparse.Namespace) -> int:
     cfg = FederateConfig.from_args(args)
+    federation_apart(cfg.artifact, cfg.data, cfg.val_data, cfg.out)
     _flower_installed()
     sess = open_session(cfg.artifact)
     if cfg.adapters_only and sess.record.section(AdaptersSection) is None:

@@ -38,6 +38,9 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    from .build import demo_apart  # start-up: loaded only when the demo runs
+
+    demo_apart(args)  # before any demo writes a file
     if args.model == "keyboard" and not args.quantized:
         from edgetrain.demo import run_keyboard_command  # start-up: loaded only when the keyboard demo runs
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from edgetrain.core.container import inspect_container
 from edgetrain.core.errors import ConfigError, EdgeTrainError, FeedError, UsageError
+from edgetrain.core.paths import outputs_apart, replaceable, same_file
 from edgetrain.runtime.feeding import open_feed
 from edgetrain.runtime.progress import TrainProgress, duration, epoch_line, percent
 from edgetrain.runtime.schedules import schedule_from_config
@@ -127,7 +128,7 @@ def _check_same_data(cfg: TrainConfig, train, val) -> None:
 def run_train(args: argparse.Namespace) -> int:
     """`edgetrain train`: options -> session -> data -> the run -> its summary; 1 when the loss went non-finite,
     130 (Ctrl-C) or 143 (SIGTERM) when a signal stopped the run (which saved the step it stopped at)."""
-    cfg = TrainConfig.from_args(args)
+    cfg = _config(args)
     sess = _train_session(cfg)
     batch = session_batch(sess) or 32
     train, val = _loaders(cfg.run, sess, batch)
@@ -141,6 +142,74 @@ def run_train(args: argparse.Namespace) -> int:
     base_lr = trainer.base_lr if cfg.resume else sess.lr
     print(_lr_line(cfg, base_lr, schedule), file=sys.stderr)
     return _fit_and_report(cfg, trainer, bar, batch)
+
+
+def _config(args: argparse.Namespace) -> TrainConfig:
+    """The run's configuration; the files it reads and writes are checked apart first (_paths_apart), before the
+    checkpoint is read (--resume) or anything written, and once more with what --resume took from the checkpoint."""
+    a = args
+    _paths_apart(
+        a.artifact,
+        a.checkpoint or default_checkpoint(a.artifact),
+        data=a.data,
+        val_data=a.val_data,
+        log=a.log,
+        plot=a.plot,
+        early_stopping=a.early_stopping,
+        init_from=a.init_from,
+        overwrite=a.overwrite,
+    )
+    cfg = TrainConfig.from_args(args)
+    run = cfg.run
+    if cfg.resume:  # the data, --log and --plot the checkpoint's run recorded are the run's files too
+        _paths_apart(
+            cfg.artifact,
+            cfg.checkpoint,
+            data=run.data.data,
+            val_data=run.data.val_data,
+            log=run.log,
+            plot=run.plot,
+            early_stopping=run.early_stopping,
+        )
+    return cfg
+
+
+def best_beside(checkpoint: str) -> str:
+    """The checkpoint early stopping keeps the best weights in, beside the run's (as the Trainer names it)."""
+    root, ext = os.path.splitext(checkpoint)
+    return f"{root}.best{ext or '.etck'}"
+
+
+def _paths_apart(
+    artifact: str,
+    checkpoint: str,
+    *,
+    data: str | None,
+    val_data: str | None,
+    log: str | None,
+    plot: str | None,
+    early_stopping: int | None,
+    init_from: str | None = None,
+    overwrite: bool = False,
+) -> None:
+    """Refuses a run that would write over a file it reads (the artifact, --data, --val-data, --init-from but as
+    its own checkpoint: a new run may replace its own start), write one file twice, or replace a file of another
+    kind with its checkpoint, the best checkpoint early stopping keeps, --log or --plot."""
+    best = best_beside(checkpoint) if early_stopping else None
+    inputs = [("the artifact", artifact), ("--data", data), ("--val-data", val_data)]
+    if init_from is not None and not same_file(init_from, checkpoint):
+        inputs.append(("--init-from", init_from))
+    outputs = [
+        ("--checkpoint", checkpoint),
+        ("--checkpoint's best checkpoint", best),
+        ("--log", log),
+        ("--plot", plot),
+    ]
+    outputs_apart(inputs=inputs, outputs=outputs, command="train")
+    replaceable(checkpoint, "checkpoint", option="--checkpoint", command="train", overwrite=overwrite)
+    replaceable(best, "checkpoint", option="--checkpoint's best checkpoint", command="train")
+    replaceable(log, "history", option="--log", command="train")
+    replaceable(plot, "plot", option="--plot", command="train")
 
 
 def _fit_and_report(cfg: TrainConfig, trainer: Trainer, bar: TrainProgress, batch: int) -> int:
@@ -213,7 +282,7 @@ def _say(text: str) -> None:
 def _resume_command(cfg: TrainConfig) -> str:
     """The command that continues the run: its options are in the checkpoint, all but where that is."""
     words = ["edgetrain", "train", cfg.artifact, "--resume"]
-    if os.path.abspath(cfg.checkpoint) != os.path.abspath(default_checkpoint(cfg.artifact)):
+    if not same_file(cfg.checkpoint, default_checkpoint(cfg.artifact)):
         words += ["--checkpoint", cfg.checkpoint]
     return shlex.join(words)
 
