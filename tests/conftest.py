@@ -16,6 +16,14 @@ import pytest
 # name from every folder (`from models import MODELS`).
 HARNESS = Path(__file__).resolve().parent / "harness"
 sys.path.insert(0, str(HARNESS))
+# A few test modules share helpers with another folder's (the command-line runner of tests/cli/test_cli.py, the
+# quantized models of tests/derive/test_quantized_models.py): every folder is importable by name, so a file runs
+# alone as it runs in the whole suite (test files' names are unique across folders).
+sys.path.extend(
+    str(d)
+    for d in sorted(HARNESS.parent.iterdir())
+    if d.is_dir() and d.name not in ("harness", "data", "plugins")
+)
 
 _REPORT: dict[str, list[str]] = {}
 
