@@ -62,6 +62,13 @@ def _loaders(run: RunConfig, session, batch: int):
             f"{data.data}: {n} training samples make no batch of {batch} (the artifact's batch size); "
             f"convert with --batch-size {n} or less"
         )
+    augment = _augment(run.augment, transform)
+    if augment is not None:  # against the data's own samples now, not at the first batch of training
+        first, _ = view.get_batch(np.arange(1))
+        try:
+            augment.check((batch, *np.shape(first)[1:]), np.asarray(first).dtype)
+        except ValueError as e:
+            raise UsageError(f"--augment {run.augment}: {e}") from None
     train = DataLoader(
         view,
         batch,
@@ -69,7 +76,7 @@ def _loaders(run: RunConfig, session, batch: int):
         seed=run.seed,
         drop_last=n % batch != 0,
         batch_transform=transform,
-        augment=_augment(run.augment, transform),
+        augment=augment,
     )
     val = None if val_view is None else DataLoader(val_view, batch, batch_transform=vtransform)
     return train, val
