@@ -11,21 +11,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgetrain.core.errors import ConfigError, UsageError
-from edgetrain.federated.common import patterns, personal_names, readers_of, shared_and_personal
+from edgetrain.federated.common import (
+    MAX_CLIENTS,
+    MAX_LOCAL_EPOCHS,
+    MAX_LOCAL_STEPS,
+    MAX_ROUND_TIMEOUT,
+    MAX_ROUNDS,
+    MAX_SEED,
+    MAX_SIM_SAMPLES,
+    patterns,
+    personal_names,
+    readers_of,
+    shared_and_personal,
+)
 from loaders.values import count, number
 
 from .names import flag
 
-# The most each count may be: beyond, a run is a typo or would not end (the run config carries them as TOML's 64-bit
-# integers, and Flower's simulation engine has run 1,000 devices here, docs/fleet_simulation.md)
-MAX_CLIENTS = 100_000
-MAX_ROUNDS = 100_000
-MAX_LOCAL_EPOCHS = 10_000
-MAX_LOCAL_STEPS = 10_000_000
-MAX_SIM_SAMPLES = 10_000_000
-MAX_SIM_WORKERS = 1024
-MAX_SEED = 2**63 - 1
-MAX_ROUND_TIMEOUT = 7 * 24 * 3600.0  # seconds
+MAX_SIM_WORKERS = 1024  # simulated devices training at once, a CPU each
 # replies a round needs per hostile client it withstands (Krum and multi-Krum: 2f + 3, Bulyan: 4f + 3)
 BYZANTINE_REPLIES = {"krum": 2, "multi-krum": 2, "bulyan": 4}
 

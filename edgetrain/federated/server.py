@@ -50,9 +50,9 @@ from .common import (
     CHECK_KEY,
     MAX_NUM_EXAMPLES,
     METRIC_KEYS,
-    RUN_DEFAULTS,
     from_records,
     model_bytes,
+    run_numbers,
     shared_and_personal,
     tensor_bytes,
     to_records,
@@ -337,11 +337,11 @@ def aggregation_rule(cfg: dict[str, Any], sample: dict[str, Any]) -> Strategy:
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    cfg = {**RUN_DEFAULTS, **dict(context.run_config)}
-    run(grid, cfg, context)
+    run(grid, dict(context.run_config), context)
 
 
 def run(grid: Grid, cfg: dict[str, Any], context: Context | None = None) -> dict[str, Any]:
+    cfg = run_numbers(cfg)  # the defaults beneath, each number checked where it enters
     out = str(cfg["out"]) or os.path.abspath("federated-out")
     os.makedirs(out, exist_ok=True)
     sess = TrainingSession(str(cfg["artifact"]))

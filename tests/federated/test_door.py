@@ -22,7 +22,15 @@ from hostile import Tally  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from edgetrain.federated.common import MAX_NUM_EXAMPLES, METRIC_KEYS, from_records, to_records  # noqa: E402
+from edgetrain.federated.common import (  # noqa: E402
+    MAX_NUM_EXAMPLES,
+    METRIC_KEYS,
+    RUN_DEFAULTS,
+    RUN_NUMBERS,
+    from_records,
+    run_numbers,
+    to_records,
+)
 from edgetrain.federated.server import Door  # noqa: E402
 from edgetrain.federated.wire import NPY_MAGIC, NPY_MAX_HEADER  # noqa: E402
 
@@ -508,3 +516,34 @@ def test_lying_replies_generated_and_crafted_are_refused_and_honest_ones_aggrega
     report("hostile inputs", tally.line())
     tally.assert_clean()
     assert tally.refused > 400 and tally.accepted > 400, tally.line()
+
+
+# ---- the ServerApp's run config: its numbers are checked where they enter ------------------------------------------
+def test_the_servers_run_config_numbers_are_checked_where_they_enter(report):
+    """`flwr run --run-config` can give the ServerApp any value: each number is refused naming its key unless it is
+    one of its kind and range (run_numbers), before anything is built from it; Hypothesis draws the values that
+    are no numbers at all."""
+    tally = Tally("the ServerApp's run config")
+    crafted = [
+        ("rounds", 0), ("rounds", 2.5), ("rounds", "3"), ("rounds", True), ("rounds", 10**30), ("min-clients", -1),
+        ("trim", float("nan")), ("trim", 0.7), ("byzantine", -1), ("max-update-norm", float("inf")),
+        ("round-timeout", 0.0), ("round-timeout", 1e39), ("round-timeout", 10**9), ("dp-noise", -1.0),
+        ("local-dp-delta", 2.0), ("lr", 1e-320), ("seed", 2**64), ("sim-samples", 0), ("clients-per-round", None),
+    ]  # fmt: skip
+    for key, value in crafted:
+        with tally.case(f"{key} = {value!r}", names=f"the run config's {key}"):
+            run_numbers({key: value})
+
+    @settings(max_examples=100, deadline=None, database=None)
+    @given(key=st.sampled_from(sorted(RUN_NUMBERS)), value=st.text(max_size=8) | st.booleans() | st.none())
+    def generated(key, value):
+        with tally.case(f"{key} = {value!r}", names=f"the run config's {key}"):
+            run_numbers({key: value})
+
+    generated()
+    with tally.case("the app's defaults, and TOML integers for its real numbers", accept=True):
+        cfg = run_numbers({"round-timeout": 60, "trim": 0, "rounds": 5})
+        assert cfg["rounds"] == 5 and cfg["round-timeout"] == 60.0 and cfg["trim"] == 0.0
+        assert run_numbers({}) == RUN_DEFAULTS
+    report("hostile inputs", tally.line())
+    tally.assert_clean()
