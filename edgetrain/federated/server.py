@@ -213,7 +213,8 @@ class Door(Strategy):
         if tensor_type != NUMPY_STYPE:
             raise RefusedReply(f"parameters serialized as {str(tensor_type)[:40]!r}, not as {NUMPY_STYPE}")
         if len(tensors) != len(names):
-            raise RefusedReply(f"{len(tensors)} parameters, not the {len(names)} shared ones")
+            many = f"{len(tensors)} parameter{'s' * (len(tensors) != 1)}"
+            raise RefusedReply(f"{many}, not the {len(names)} shared ones")
         self._same_names(names)
         values = {n: decode(n, t, self.shapes[n], self.dtypes[n]) for n, t in zip(names, tensors)}
         self.check(values, metrics)

@@ -17,6 +17,7 @@ import pytest
 flwr = pytest.importorskip("flwr", reason="the fleet needs the federated extra (flwr)")
 
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, Metadata, MetricRecord, RecordDict  # noqa: E402
+from flwr.common import Code, FitRes, Parameters, Status, parameters_to_ndarrays  # noqa: E402
 from flwr.serverapp.strategy import FedAvg  # noqa: E402
 from hostile import Tally  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
@@ -31,6 +32,7 @@ from edgetrain.federated.common import (  # noqa: E402
     run_numbers,
     to_records,
 )
+from edgetrain.federated.privacy import _PrivateFedAvg  # noqa: E402
 from edgetrain.federated.server import Door  # noqa: E402
 from edgetrain.federated.wire import NPY_MAGIC, NPY_MAX_HEADER  # noqa: E402
 
@@ -547,3 +549,43 @@ def test_the_servers_run_config_numbers_are_checked_where_they_enter(report):
         assert run_numbers({}) == RUN_DEFAULTS
     report("hostile inputs", tally.line())
     tally.assert_clean()
+
+
+def test_the_older_path_decodes_the_fitres_tensors_the_same_way():
+    """Under local DP the replies come in Flower's older format (privacy.py): a list of .npy bytes in the shared
+    parameters' order. A reply whose bytes carry another shape, or too few or too many tensors, is refused; the
+    round is the honest mean, aggregated from what the door decoded."""
+    names = list(SHAPES)
+
+    def fitres(tensors: list[bytes], n: int = 100) -> FitRes:
+        m = {k: 0.5 for k in METRIC_KEYS} | {"num-examples": n, "client": 0}
+        return FitRes(Status(Code.OK, ""), Parameters(tensors=tensors, tensor_type="numpy.ndarray"), n, m)
+
+    honest = [[npy(v) for v in params(1.0).values()], [npy(v) for v in params(3.0).values()]]
+    liars = {
+        "a matrix for fc.bias": [npy(np.ones((3, 4), "f4")), npy(np.ones((3, 4), "f4"))],
+        "one value for fc.weight": [npy(np.array([1e3], "f4")), npy(np.ones(3, "f4"))],
+        "one tensor short": honest[0][:1],
+        "one tensor over": [*honest[0], npy(np.ones(2, "f4"))],
+        "torch's bytes": None,
+    }
+    results = [(type("Proxy", (), {"node_id": 1})(), fitres(honest[0]))]
+    for i, tensors in enumerate(liars.values()):
+        res = fitres(tensors or honest[0])
+        if tensors is None:
+            res.parameters.tensor_type = "torch.Tensor"
+        results.append((type("Proxy", (), {"node_id": 10 + i})(), res))
+    results.append((type("Proxy", (), {"node_id": 2})(), fitres(honest[1], 300)))
+    door = Door(FedAvg(), SHAPES)
+    params_, _ = _PrivateFedAvg(door, names, False, accept_failures=True).aggregate_fit(1, results, [])
+    for name, got in zip(names, parameters_to_ndarrays(params_)):
+        np.testing.assert_array_equal(got, np.full(SHAPES[name], 2.5, np.float32))
+    reasons = {r["node"]: r["reason"] for r in door.refused}
+    assert sorted(reasons) == [10, 11, 12, 13, 14] and not door.skipped
+    assert reasons[10] == "parameter 'fc.bias' carries values of shape [3, 4], not [3] (the global model's)"
+    assert reasons[11] == "parameter 'fc.weight' carries values of shape [1], not [3, 4] (the global model's)"
+    assert (
+        reasons[12] == "1 parameter, not the 2 shared ones"
+        and reasons[13] == "3 parameters, not the 2 shared ones"
+    )
+    assert "serialized as 'torch.Tensor', not as numpy.ndarray" in reasons[14]
