@@ -1,9 +1,12 @@
 """A hostile device for measuring a fleet's robustness: Flower's ClientApp that trains exactly as edgetrain's honest
 client does (edgetrain.federated.client), then, when its node config says `attack = "sign-flip:K"` or
 `"scale:K"`, sends the global model it received minus K times its honest update (sign-flip) or plus K times it
-(scale); `"drop-out"` trains and then answers with an error, as a phone that went away. An attacker's reply stays
-within the door's checks (the shared names, shapes and dtype, finite values, its true sample count and metrics),
-which is what a careful attacker sends; nodes without `attack` are honest.
+(scale); `"drop-out"` trains and then answers with an error, as a phone that went away. Such a reply stays within
+the door's checks (the shared names, shapes and dtype, finite values, its true sample count and metrics), which is
+what a careful attacker sends. Two attacks lie about their arrays instead (issue 33): each Array declares the
+parameter's true shape and dtype beside bytes of another shape, the array twice over (`"lie-shape"`: once, the round
+failed and was skipped) or a single value K (`"lie-broadcast:K"`: once, broadcast into the global model); the door
+decodes the bytes and refuses both. Nodes without `attack` are honest.
 
 Used by tools/fleet_robustness.py, tests/federated/test_fleet_attack.py and
 tests/federated/test_fleet_privacy.py through
@@ -16,7 +19,8 @@ import os
 import re
 import shutil
 
-from flwr.app import Error, Message, RecordDict
+import numpy as np
+from flwr.app import Array, ArrayRecord, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from edgetrain.federated import client as honest
@@ -38,10 +42,27 @@ def train(msg: Message, context) -> Message:
         return Message(Error(code=2, reason="the device dropped out"), reply_to=msg)
     k = float(k or 1.0)
     got, sent = from_records(msg.content["arrays"]), from_records(reply.content["arrays"])
+    if kind in ("lie-shape", "lie-broadcast"):
+        return Message(
+            RecordDict({"arrays": lying(sent, kind, k), "metrics": reply.content["metrics"]}), reply_to=msg
+        )
     sign = {"sign-flip": -k, "scale": k}[kind]
     bad = {n: (got[n] + sign * (sent[n] - got[n])).astype(sent[n].dtype) for n in sent}
     content = RecordDict({"arrays": to_records(bad), "metrics": reply.content["metrics"]})
     return Message(content=content, reply_to=msg)
+
+
+def lying(sent: dict[str, np.ndarray], kind: str, value: float) -> ArrayRecord:
+    """Each parameter's Array declaring its true dtype and shape beside the bytes of another: the array twice over
+    (lie-shape) or the one value `value` (lie-broadcast)."""
+    out = {}
+    for name, v in sent.items():
+        carried = np.stack([v, v]) if kind == "lie-shape" else np.full(1, value, v.dtype)
+        honest = Array.from_numpy_ndarray(carried)
+        out[name] = Array(
+            dtype=str(v.dtype), shape=tuple(int(d) for d in v.shape), stype=honest.stype, data=honest.data
+        )
+    return ArrayRecord(out)
 
 
 def hostile_app(folder: str) -> str:

@@ -37,7 +37,8 @@ from loaders import open_data  # noqa: E402
 
 def fleet(work: Path, clients: int, attackers: int, attack: str, *, scheme: str = "iid", seed: int = 0):
     """(artifact, nodes): the fresh LeNet converted at batch 10, the digits split among the clients (as 8-bit
-    pixels, which the model's input pipeline scales), the last `attackers` nodes hostile."""
+    pixels, which the model's input pipeline scales), the last `attackers` nodes hostile: each with the attack, or
+    with the comma-separated attacks in turn ("lie-shape,lie-broadcast:1000")."""
     from edgetrain.cli import main as edgetrain
 
     art = work / "lenet.etrain"
@@ -56,7 +57,8 @@ def fleet(work: Path, clients: int, attackers: int, attack: str, *, scheme: str 
         np.savez(home / "data.npz", x=x.astype(np.uint8), y=y)
         node = {"partition-id": k, "artifact": str(art), "data": str(home / "data.npz"), "home": str(home)}
         if k >= clients - attackers:
-            node["attack"] = attack
+            attacks = attack.split(",")
+            node["attack"] = attacks[(k - clients + attackers) % len(attacks)]
         nodes.append(node)
     return art, nodes
 

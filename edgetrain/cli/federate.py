@@ -20,9 +20,8 @@ import numpy as np
 
 from edgetrain.core.atomic import atomic_write
 from edgetrain.core.errors import EdgeTrainError, UsageError
-from edgetrain.federated.common import model_bytes, no_adapters, partition
+from edgetrain.federated.common import model_bytes, partition
 from edgetrain.federated.deploy import APP_DIR, Deployment
-from edgetrain.graph.sections import AdaptersSection
 from edgetrain.runtime.feeding import DataOptions, open_feed
 from edgetrain.runtime.progress import duration, mb, percent
 from edgetrain.runtime.trainer import session_batch
@@ -66,8 +65,7 @@ def run_federate(args: argparse.Namespace) -> int:
     federation_apart(cfg.artifact, cfg.data, cfg.val_data, cfg.out)
     _flower_installed()
     sess = open_session(cfg.artifact)
-    if cfg.adapters_only and sess.record.section(AdaptersSection) is None:
-        raise UsageError(no_adapters(cfg.artifact))
+    cfg.shared(sess)  # what the devices share: refused here, before any process starts, when it is nothing
     out = os.path.abspath(cfg.out)
     if os.path.exists(os.path.join(out, "summary.json")):
         raise UsageError(f"{out} holds the results of an earlier federation: pick a new --out folder")

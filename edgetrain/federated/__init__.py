@@ -9,6 +9,7 @@
 - deploy.py: a real Flower deployment on 127.0.0.1 (superlink, supernodes, `flwr run`), stopped on the way out;
 - simulation.py: the same apps on Flower's simulation engine (Ray): thousands of simulated devices on one machine;
 - common.py: configuration keys, personal parameters, partitions of a dataset (no flwr needed);
+- wire.py: a reply's arrays decoded from their bytes and checked against the global model, for the door (no flwr);
 - app/pyproject.toml: the Flower app that `flwr run` (on one machine or many) and `edgetrain federate` run.
 
 Importing edgetrain does not import this package; the device side stays numpy-only without flwr.

@@ -34,9 +34,9 @@ from loaders import DataError, DataLoader, SubsetView, split
 
 from .common import (
     CHECK_KEY,
-    RUN_DEFAULTS,
     adapter_names,
     from_records,
+    run_numbers,
     shared_and_personal,
     tensor_bytes,
     to_records,
@@ -77,7 +77,7 @@ def device_config(node: Mapping[str, Any], run: Mapping[str, Any]) -> dict[str, 
         if missing:
             raise RoundRefused(f"this device's node config names no {' or '.join(missing)}")
         return node
-    cfg = {**RUN_DEFAULTS, **dict(run)}
+    cfg = run_numbers(run)  # the defaults beneath, each number checked where it enters
     if not cfg["sim-data"] or "partition-id" not in node:
         raise RoundRefused(
             "this device's node config names no artifact, data or home, and the run is no simulation (its run "

@@ -60,6 +60,7 @@ from edgetrain.core.errors import ConfigError
 from edgetrain.graph.adapters import unadapted
 from edgetrain.graph.sections import AdaptersSection
 from loaders import IDataView
+from loaders.values import count, number
 
 RUN_DEFAULTS = {
     "artifact": "",
@@ -94,6 +95,39 @@ RUN_DEFAULTS = {
     "sim-home": "",
     "clients-per-round": 0,
 }
+# The most each count may be: beyond, a run is a typo or would not end (the run config carries them as TOML's 64-bit
+# integers; Flower's simulation engine has run 1,000 devices here, docs/fleet_simulation.md)
+MAX_CLIENTS = 100_000
+MAX_ROUNDS = 100_000
+MAX_LOCAL_EPOCHS = 10_000
+MAX_LOCAL_STEPS = 10_000_000
+MAX_SIM_SAMPLES = 10_000_000
+MAX_SEED = 2**63 - 1
+MAX_ROUND_TIMEOUT = 7 * 24 * 3600.0  # seconds: a week
+# The run config's numbers, as checked where they enter (run_numbers): ("count" | "number", loaders.values' limits)
+RUN_NUMBERS = {
+    "rounds": ("count", {"lo": 1, "hi": MAX_ROUNDS}),
+    "local-epochs": ("count", {"hi": MAX_LOCAL_EPOCHS}),
+    "local-steps": ("count", {"hi": MAX_LOCAL_STEPS}),
+    "lr": ("number", {"lo": 0}),
+    "dp-noise": ("number", {"lo": 0}),
+    "dp-clip": ("number", {"lo": 0}),
+    "min-clients": ("count", {"lo": 1, "hi": MAX_CLIENTS}),
+    "seed": ("count", {"hi": MAX_SEED}),
+    "byzantine": ("count", {"hi": MAX_CLIENTS}),
+    "trim": ("number", {"lo": 0, "hi": 0.5}),
+    "max-update-norm": ("number", {"lo": 0}),
+    "min-replies": ("count", {"hi": MAX_CLIENTS}),
+    "round-timeout": ("number", {"positive": True, "hi": MAX_ROUND_TIMEOUT}),
+    "secagg-shares": ("count", {"hi": MAX_CLIENTS}),
+    "secagg-threshold": ("count", {"hi": MAX_CLIENTS}),
+    "secagg-clip": ("number", {"positive": True}),
+    "local-dp-epsilon": ("number", {"lo": 0}),
+    "local-dp-delta": ("number", {"lo": 0, "hi": 1}),
+    "local-dp-clip": ("number", {"positive": True}),
+    "sim-samples": ("count", {"lo": 1, "hi": MAX_SIM_SAMPLES}),
+    "clients-per-round": ("count", {"hi": MAX_CLIENTS}),
+}
 AGGREGATES = ("fedavg", "median", "trimmed-mean", "krum", "multi-krum", "bulyan")
 # What a client's reply holds besides the arrays (client.py writes them; the server's door accepts these and no other)
 METRIC_KEYS = (
@@ -109,6 +143,17 @@ METRIC_KEYS = (
 )
 MAX_NUM_EXAMPLES = 10_000_000  # a phone's sample count above this is not a count: the door refuses it
 CHECK_KEY = "edgetrain.program_id"  # sent with every round: a client of another artifact refuses to train
+
+
+def run_numbers(cfg: Mapping[str, object]) -> dict[str, object]:
+    """The run config (the defaults beneath what it gives) with each of its numbers checked where it enters
+    (RUN_NUMBERS): a ConfigError naming the key and its value when one is not a number of its kind and range (a
+    string, a bool, NaN, a negative count, ...), as `flwr run --run-config` can give any."""
+    out = {**RUN_DEFAULTS, **dict(cfg)}
+    for key, (kind, limits) in RUN_NUMBERS.items():
+        what = f"the run config's {key}"
+        out[key] = count(out[key], what, **limits) if kind == "count" else number(out[key], what, **limits)
+    return out
 
 
 def patterns(text: str) -> list[str]:

@@ -10,6 +10,7 @@ started (and their children), also on an error or Ctrl-C.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -195,10 +196,31 @@ class Deployment:
             raise FederationError(f"the federated run did not end within {timeout:g} s") from None
         errors = [t for t in tail if "ERROR" in t or "Traceback" in t]
         if code != 0 or errors:
-            raise FederationError(
-                f"the federated run failed (flwr run exited {code}): {errors[-1] if errors else tail[-1:]}; "
-                f"logs in {self.workdir}"
-            )
+            raise FederationError(self.failure(code, tail))
+
+    def failure(self, code: int, tail: Sequence[str]) -> str:
+        """Why a run failed, in one message: the first error of the ServerApp's log (the run's stream, run.log),
+        else of a ClientApp's (supernode-K.log), else of the superlink's, with that log's path; Flower's own exit
+        code when it said one; the last line of the stream when no log holds an error."""
+        said = [m.group(1) for t in tail if (m := _EXIT_CODE.search(_plain(t)))]
+        exited = f"flwr run exited {code}" + (f", Flower's exit code {said[-1]}" if said else "")
+        supernodes = sorted(
+            (f for f in os.listdir(self.workdir) if re.fullmatch(r"supernode-\d+\.log", f)),
+            key=lambda f: int(f[10:-4]),
+        )
+        logs = [("the ServerApp", "run.log")]
+        logs += [(f"the ClientApp of device {f[10:-4]}", f) for f in supernodes]
+        logs += [("Flower's superlink", "superlink.log")]
+        for who, name in logs:
+            path = os.path.join(self.workdir, name)
+            line = first_error(path)
+            if line:
+                return (
+                    f"the federated run failed ({exited}): {who}'s first error was {line} (in {path}; every "
+                    f"process's log is in {self.workdir})"
+                )
+        last = _plain(tail[-1]) if tail else "no output"
+        return f"the federated run failed ({exited}): {last}; logs in {self.workdir}"
 
     def _run_args(self, app_dir: str, config: str) -> list[str]:
         """`flwr run`'s arguments: the app on this deployment's superlink, with the run config's file."""
@@ -241,6 +263,45 @@ class Deployment:
                 os.kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # Flower colors its log levels
+_EXIT_CODE = re.compile(r"Exit Code: (\d+)")
+_ERROR = re.compile(r"(ERROR|CRITICAL)\s*:")  # Flower's level, as it begins a line of its log
+_EXCEPTION = re.compile(
+    r"(?:[A-Za-z_][\w]*\.)*([A-Za-z_]\w*)(:.*)?"
+)  # a traceback's last line: package.Class: text
+LOG_READ_MAX = 64 << 20  # a log is read this far for its first error
+
+
+def first_error(path: str) -> str | None:
+    """The first error in a Flower process's log: the exception that ends its first traceback (the class without
+    its package, and its message), else its first ERROR line; without Flower's colors, cut at 600 characters.
+    None when the log holds no error or cannot be read."""
+    try:
+        f = open(path, encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    logged, read, in_traceback = None, 0, False
+    with f:
+        for raw in f:
+            read += len(raw)
+            if read > LOG_READ_MAX:
+                break
+            line = _plain(raw)
+            if line.startswith("Traceback (most recent call last):"):
+                in_traceback = True
+            elif in_traceback and line and not line[0].isspace():
+                m = _EXCEPTION.fullmatch(line)  # frames and their source lines are indented; this line is not
+                return (m.group(1) + (m.group(2) or "") if m else line)[:600]
+            elif logged is None and _ERROR.match(line):
+                logged = line[:600]
+    return logged
+
+
+def _plain(line: str) -> str:
+    """A log line without Flower's colors or its line end."""
+    return _ANSI.sub("", line).rstrip()
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:

@@ -39,7 +39,8 @@ from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
 
 from edgetrain.core.errors import ConfigError
 
-from .common import MAX_NUM_EXAMPLES, from_records, to_records
+from .common import MAX_NUM_EXAMPLES, from_records, tensor_bytes, to_records
+from .wire import RefusedReply
 
 NAMES_KEY = (
     "edgetrain.shared-names"  # the older format's parameters are a list: the server sends their names (JSON)
@@ -231,15 +232,7 @@ class _PrivateFedAvg(LegacyFedAvg):
             )
         for proxy, res in results:
             node = getattr(proxy, "node_id", -1)
-            try:
-                metrics = MetricRecord(dict(res.metrics))
-                if self.secure:  # the parameters are the round's sum: only the metrics are the client's own
-                    why = door._bad_metrics(metrics) or _count_mismatch(res.num_examples, metrics)
-                else:
-                    arrays = to_records(dict(zip(self.names, parameters_to_ndarrays(res.parameters))))
-                    why = door._misfit(arrays, metrics) or _count_mismatch(res.num_examples, metrics)
-            except Exception as e:  # never raised from a client's reply
-                metrics, why = None, f"a malformed reply ({type(e).__name__}: {str(e)[:200]})"
+            metrics, values, why = _admitted(door, self.names, res, self.secure)
             if why:
                 door._refuse(server_round, node, why)
                 if self.secure:
@@ -252,12 +245,12 @@ class _PrivateFedAvg(LegacyFedAvg):
                     )
                 continue
             door._record(server_round, metrics, list(self.names))
+            if values is not None:  # FedAvg aggregates what the door decoded and checked
+                res.parameters = ndarrays_to_parameters([values[n] for n in self.names])
             kept.append((proxy, res))
             # the reply's parameters; under SecAgg+ the server holds only the round's sum, so a reply counts as the
             # shared parameters' bytes (SecAgg+'s masked, quantized vectors and key exchanges are not counted)
-            sizes.append(
-                door._down if self.secure else sum(a.nbytes for a in parameters_to_ndarrays(res.parameters))
-            )
+            sizes.append(door._down if values is None else tensor_bytes(values))
         door.rounds[server_round] = _counts(max(len(results), len(getattr(self, "sampled", []))), len(kept))
         door.record_payload(server_round, sizes)
         need, rule = door._needed(len(kept))
@@ -273,6 +266,23 @@ class _PrivateFedAvg(LegacyFedAvg):
                 return door._skip(server_round, f"the aggregate of '{name}' is not finite")
         self.latest = out
         return ndarrays_to_parameters([out[n] for n in self.names]), metrics
+
+
+def _admitted(door, names: list[str], res: FitRes, secure: bool) -> tuple[MetricRecord | None, Any, str]:
+    """(the reply's metrics, its parameters as the door decoded them (None under SecAgg+, where the server holds
+    only the round's sum), why the door refuses it or "")."""
+    metrics = None
+    try:
+        metrics = MetricRecord(dict(res.metrics))
+        if secure:  # the parameters are the round's sum: only the metrics are the client's own
+            return metrics, None, door._bad_metrics(metrics) or _count_mismatch(res.num_examples, metrics)
+        tensors = list(res.parameters.tensors)
+        values = door.admit_tensors(names, tensors, res.parameters.tensor_type, metrics)
+        return metrics, values, _count_mismatch(res.num_examples, metrics)
+    except RefusedReply as e:
+        return metrics, None, str(e)
+    except Exception as e:  # never raised from a client's reply
+        return metrics, None, f"a malformed reply ({type(e).__name__}: {str(e)[:200]})"
 
 
 def _failure_text(failure) -> str:

@@ -7,9 +7,10 @@ a head trained beside the adapters stays on each device as a personal layer. Eve
 client, sent and received) is recorded against the full model's weights (model_bytes).
 
 Every reply goes through a door before aggregation (Door, a strategy wrapper): a client's error reply (it refused
-the round: another artifact, data it cannot use) and a reply whose names or shapes are not the shared parameters'
-are left out and recorded, so one mismatched device cannot poison a round, with or without central differential
-privacy (Flower's DifferentialPrivacyServerSideFixedClipping, wrapped inside the door).
+the round: another artifact, data it cannot use) and a reply whose names, or whose arrays as decoded (shape,
+dtype, byte count, finiteness), are not the shared parameters' are left out and recorded, so one mismatched or
+lying device can neither stall nor poison a round, with or without central differential privacy (Flower's
+DifferentialPrivacyServerSideFixedClipping, wrapped inside the door).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 import numpy as np
 
 # flwr, the federated extra, at module level: this module is Flower's ServerApp, run by Flower
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import (
     Bulyan,
@@ -49,25 +50,28 @@ from .common import (
     CHECK_KEY,
     MAX_NUM_EXAMPLES,
     METRIC_KEYS,
-    RUN_DEFAULTS,
     from_records,
     model_bytes,
+    run_numbers,
     shared_and_personal,
     tensor_bytes,
     to_records,
 )
 from .privacy import run_private, wants_legacy
+from .wire import NUMPY_STYPE, RefusedReply, carried, decode
 
 app = ServerApp()
 
 
 class Door(Strategy):
     """Wraps a strategy: records every reply (who sent what, how many samples, their metrics) and lets through only
-    honest-looking ones: exactly the shared parameters, each of its shape and dtype, every value finite;
-    num-examples a whole number from 1 to max_examples; the metrics the client writes (METRIC_KEYS), every one a
-    finite number; with max_update_norm, an update (the reply's parameters minus the global model the round sent)
-    of at most that L2 norm. Anything else is refused with its reason, recorded and left out of the round; nothing
-    a client sends can raise out of the door.
+    honest-looking ones: its parameters and metrics and no other record; exactly the shared parameters, each
+    declaring and carrying the global model's shape and dtype (the bytes decoded and checked, not the shape the
+    reply declares: edgetrain.federated.wire), every value finite; num-examples a whole number from 1 to
+    max_examples; the metrics the client writes (METRIC_KEYS), every one a finite number; with max_update_norm, an
+    update (the reply's parameters minus the global model the round sent) of at most that L2 norm. Anything else
+    is refused with its reason, recorded and left out of the round; nothing a client sends can raise out of the
+    door. What the rule aggregates is what the door decoded and checked.
 
     A round with fewer accepted replies than min_replies, or than the aggregation rule needs (Krum: 2f + 3 for f
     hostile clients, Bulyan: 4f + 3), is skipped: the global model stays as it was, and the round is recorded as
@@ -147,18 +151,19 @@ class Door(Strategy):
                 self._refuse(server_round, node, msg.error.reason or "an error without a reason")
                 continue
             try:
-                record = msg.content.array_records.get("arrays")
-                metrics = msg.content.metric_records.get("metrics")
-                why = self._misfit(record, metrics)
-            except Exception as e:  # a reply malformed in a way no check foresaw: refused, never raised
-                record = metrics = None
-                why = f"a malformed reply ({type(e).__name__}: {str(e)[:200]})"
-            if why:
-                self._refuse(server_round, node, why)
+                values = self.admit(msg.content)
+            except RefusedReply as e:
+                self._refuse(server_round, node, str(e))
                 continue
-            self._record(server_round, metrics, sorted(record.keys()))
+            except Exception as e:  # a reply malformed in a way no check foresaw: refused, never raised
+                self._refuse(server_round, node, f"a malformed reply ({type(e).__name__}: {str(e)[:200]})")
+                continue
+            metrics = msg.content.metric_records["metrics"]
+            # the round aggregates what the door decoded and checked, not the bytes as they came
+            msg.content = RecordDict({"arrays": to_records(values), "metrics": metrics})
+            self._record(server_round, metrics, sorted(values))
             kept.append(msg)
-            sizes.append(tensor_bytes(from_records(record)))
+            sizes.append(tensor_bytes(values))
         self.rounds[server_round] = {"replies": seen, "accepted": len(kept), "refused": seen - len(kept)}
         self.record_payload(server_round, sizes)
         need, rule = self._needed(len(kept))
@@ -179,6 +184,55 @@ class Door(Strategy):
             if not np.isfinite(out[name]).all():
                 return self._skip(server_round, f"the aggregate of '{name}' is not finite")
         return to_records(out), metrics
+
+    def admit(self, content: RecordDict) -> dict[str, np.ndarray]:
+        """A reply's parameters as the door decoded them (edgetrain.federated.wire), when the reply holds what an
+        honest client sends: its parameters ("arrays") and its metrics ("metrics"), nothing else; RefusedReply
+        naming what is at fault otherwise."""
+        record = content.array_records.get("arrays")
+        metrics = content.metric_records.get("metrics")
+        if record is None or metrics is None or "num-examples" not in metrics:
+            raise RefusedReply("a reply without parameters or a sample count")
+        others = sorted(set(content.keys()) - {"arrays", "metrics"})
+        if others:
+            raise RefusedReply(
+                f"records besides its parameters and metrics ({len(others)}, e.g. {[k[:40] for k in others[:2]]})"
+            )
+        self._same_names(record.keys())
+        values = {
+            name: carried(name, record[name], self.shapes[name], self.dtypes[name]) for name in self.shapes
+        }
+        self.check(values, metrics)
+        return values
+
+    def admit_tensors(
+        self, names: list[str], tensors: list[bytes], tensor_type: str, metrics: MetricRecord
+    ) -> dict[str, np.ndarray]:
+        """Flower's older format (privacy.py): the parameters as a list of .npy bytes in the order of `names`,
+        decoded and checked as admit does; RefusedReply naming what is at fault."""
+        if tensor_type != NUMPY_STYPE:
+            raise RefusedReply(f"parameters serialized as {str(tensor_type)[:40]!r}, not as {NUMPY_STYPE}")
+        if len(tensors) != len(names):
+            many = f"{len(tensors)} parameter{'s' * (len(tensors) != 1)}"
+            raise RefusedReply(f"{many}, not the {len(names)} shared ones")
+        self._same_names(names)
+        values = {n: decode(n, t, self.shapes[n], self.dtypes[n]) for n, t in zip(names, tensors)}
+        self.check(values, metrics)
+        return values
+
+    def check(self, values: dict[str, np.ndarray], metrics: MetricRecord) -> None:
+        """The checks on a reply's decoded parameters beyond each one's own (wire.decode): its metrics, and with
+        max_update_norm the L2 norm of its update; RefusedReply naming what is at fault."""
+        why = self._bad_metrics(metrics)
+        if why:
+            raise RefusedReply(why)
+        if not self.max_update_norm or self._global is None:
+            return
+        norm = update_norm(values, self._global)
+        if not norm <= self.max_update_norm:
+            raise RefusedReply(
+                f"an update of L2 norm {norm:.4g}, above the cap of {self.max_update_norm:g} (--max-update-norm)"
+            )
 
     def _needed(self, accepted: int) -> tuple[int, str]:
         """The accepted replies this round needs, and who asks for them (the door's minimum, or the rule's)."""
@@ -202,32 +256,14 @@ class Door(Strategy):
         print(f"round {server_round}: skipped, the global model stays as it was: {why}", flush=True)
         return None, None
 
-    def _misfit(self, record: ArrayRecord | None, metrics: MetricRecord | None) -> str:
-        if record is None or metrics is None or "num-examples" not in metrics:
-            return "a reply without parameters or a sample count"
-        names = set(record.keys())
+    def _same_names(self, names: Iterable[str]) -> None:
+        names = set(names)
         if names != set(self.shapes):
             extra, missing = sorted(names - set(self.shapes)), sorted(set(self.shapes) - names)
-            return (
-                f"parameters that are not the shared ones ({len(extra)} unknown, e.g. {extra[:2]}; "
+            raise RefusedReply(
+                f"parameters that are not the shared ones ({len(extra)} unknown, e.g. {[n[:60] for n in extra[:2]]}; "
                 f"{len(missing)} missing, e.g. {missing[:2]})"
             )
-        for name, arr in record.items():
-            if tuple(arr.shape) != self.shapes[name]:
-                return f"parameter '{name}' of shape {list(arr.shape)}, not {list(self.shapes[name])}"
-            values = np.asarray(arr.numpy())
-            if values.dtype.name != self.dtypes[name]:
-                return f"parameter '{name}' of dtype {values.dtype.name}, not {self.dtypes[name]}"
-            if not np.isfinite(values).all():
-                bad = int(values.size - np.count_nonzero(np.isfinite(values)))
-                return f"parameter '{name}' holds {bad} non-finite values (NaN or infinity)"
-        why = self._bad_metrics(metrics)
-        if why or not self.max_update_norm or self._global is None:
-            return why
-        norm = update_norm(from_records(record), self._global)
-        if not norm <= self.max_update_norm:
-            return f"an update of L2 norm {norm:.4g}, above the cap of {self.max_update_norm:g} (--max-update-norm)"
-        return ""
 
     def _bad_metrics(self, metrics: MetricRecord) -> str:
         """Why the reply's metrics are not what a client writes, or ""."""
@@ -302,11 +338,11 @@ def aggregation_rule(cfg: dict[str, Any], sample: dict[str, Any]) -> Strategy:
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    cfg = {**RUN_DEFAULTS, **dict(context.run_config)}
-    run(grid, cfg, context)
+    run(grid, dict(context.run_config), context)
 
 
 def run(grid: Grid, cfg: dict[str, Any], context: Context | None = None) -> dict[str, Any]:
+    cfg = run_numbers(cfg)  # the defaults beneath, each number checked where it enters
     out = str(cfg["out"]) or os.path.abspath("federated-out")
     os.makedirs(out, exist_ok=True)
     sess = TrainingSession(str(cfg["artifact"]))
