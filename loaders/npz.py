@@ -7,6 +7,7 @@ import io
 import math
 import os
 import struct
+import tokenize
 import zipfile
 import zlib
 
@@ -244,8 +245,16 @@ def _read_header(f, where: str, path: str) -> tuple[tuple[int, ...], bool, np.dt
     reader = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
     try:
         shape, fortran, dtype = reader(io.BytesIO(length_bytes + header))
-    except (ValueError, SyntaxError, TypeError, KeyError, MemoryError, RecursionError) as e:
-        # numpy parses the dict with ast.literal_eval and names what is wrong
+    except (
+        ValueError,
+        SyntaxError,
+        TypeError,
+        KeyError,
+        MemoryError,
+        RecursionError,
+        tokenize.TokenError,
+    ) as e:
+        # numpy parses the dict with ast.literal_eval (after tokenizing it) and names what is wrong
         raise DataError(f"{where}: a damaged .npy header ({e})", path) from None
     if dtype.hasobject:
         raise DataError(

@@ -867,3 +867,18 @@ def test_regression_csv_sniffing_a_bom_and_a_character_cut_at_the_end(tmp_path):
     path.write_bytes(b"\xef\xbb\xbf1,2,0\n3,4,\xf0\x9f\x98\x80\xc2")
     with pytest.raises(DataError, match=r"t\.csv: not a text file \(not UTF-8 at byte 17\)"):
         open_data(path)
+
+
+@pytest.mark.parametrize("text", ["{'descr': '<f4\\", "{'descr': '''<f4", '{"a": ['])
+def test_an_npz_whose_npy_header_cannot_be_tokenized_is_a_data_error(tmp_path, text):
+    """Found by the fleet door's fuzzing (issue 33): numpy tokenizes a .npy header before it parses it, and a string or
+    bracket left open there raised tokenize.TokenError, past the reader's refusals."""
+    header = text.encode() + b" " * (118 - len(text)) + b"\n"
+    npy = b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header + bytes(8)
+    path = tmp_path / "damaged.npz"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("x.npy", npy)
+        z.writestr("y.npy", npy)
+    with pytest.raises(DataError, match="damaged .npy header") as e:
+        open_data(str(path))
+    assert str(path) in str(e.value)
