@@ -32,8 +32,12 @@ def _values(v, what: str) -> np.ndarray | None:
             f"Preprocess {what} has {len(v)} values, more than the {CHANNELS_MAX} of a sample's channels"
         )
     try:
-        arr = np.asarray(v, dtype=np.float64).reshape(-1)
-    except (TypeError, ValueError, OverflowError):
+        arr = np.asarray(v)
+    except (TypeError, ValueError, OverflowError):  # lists of ragged lengths
+        arr = None
+    if arr is not None and arr.dtype.kind in "biuf":  # numbers only: text and complex values are refused
+        arr = arr.astype(np.float64).reshape(-1)
+    else:
         arr = None
     if arr is None or arr.size == 0 or not np.isfinite(arr).all():
         raise ConfigError(f"Preprocess {what} must be a finite number or one per channel, got {v!r}"[:300])
@@ -66,7 +70,7 @@ class Preprocess:
         except TypeError as e:
             raise ConfigError(f"Preprocess dtype must be a numpy dtype or None, got {dtype!r}") from e
         if scale is not None and not (
-            isinstance(scale, (int, float, np.number)) and not isinstance(scale, bool) and _finite(scale)
+            isinstance(scale, numbers.Real) and not isinstance(scale, bool) and _finite(scale)
         ):
             raise ConfigError(f"Preprocess scale must be a finite number, got {scale!r}"[:300])
         self.scale = None if scale is None else number(scale, "Preprocess scale", fix="give e.g. 1/255")
