@@ -216,35 +216,44 @@ class InputPipeline:
         self._check_arithmetic()
 
     def _check_arithmetic(self) -> None:
-        """The steps on the raw values the pipeline expects (its range, else its raw integer type's) stay within
-        what the model's float type holds: a pipeline whose every output would be inf or NaN is refused, naming
-        the step. Computed in float64 on the range's ends (each step is monotonic in x)."""
+        """The steps on the raw values the pipeline expects (its range, else its raw integer type's, else 0, which
+        nearly every data has) stay finite in the model's float type: a pipeline whose outputs would be inf or NaN
+        is refused, naming the step. Computed as Preprocess computes them, on the range's ends (each step is
+        monotonic in x), and in float64 for the message."""
+        if np.dtype(self.dtype).kind != "f":
+            return
         bounds = self.expected_range()
         if bounds is None and self.raw_dtype is not None and np.dtype(self.raw_dtype).kind in "iu":
             info = np.iinfo(self.raw_dtype)
             bounds = (float(info.min), float(info.max))
-        if bounds is None or np.dtype(self.dtype).kind != "f":
-            return
-        most = float(np.finfo(self.dtype).max)
-        x = np.array(bounds, dtype=np.float64).reshape(2, 1)
+        raw = (
+            "a raw value of 0"
+            if bounds is None
+            else f"the raw values {bounds[0]:g}..{bounds[1]:g} it expects"
+        )
+        dt = np.dtype(self.dtype)
+        most = float(np.finfo(dt).max)
+        wide = np.clip(np.array(bounds or (0.0, 0.0), dtype=np.float64), -most, most).reshape(2, 1)
+        x = wide.astype(dt)
         k = divisor(self.scale)
         steps = (
-            ("scale", self.scale, lambda x: x / k if k else x * self.scale),
-            ("mean", self.mean, lambda x: x - np.array(self.mean)),
-            ("std", self.std, lambda x: x / np.array(self.std)),
+            ("scale", self.scale, lambda x, t: x / t.type(k) if k else x * t.type(self.scale)),
+            ("mean", self.mean, lambda x, t: x - np.asarray(self.mean, dtype=t)),
+            ("std", self.std, lambda x, t: x / np.asarray(self.std, dtype=t)),
         )
-        for key, value, step in steps:
-            if value is None:
-                continue
-            x = step(x)
-            worst = float(np.max(np.abs(x)))
-            if worst > most:
-                shown = value if key == "scale" else list(value)
-                raise ConfigError(
-                    f"input pipeline {key} {shown} takes the raw values {bounds[0]:g}..{bounds[1]:g} it expects to "
-                    f"{worst:.3g}, beyond what {self.dtype} holds ({most:.3g}): every output would be inf or NaN; "
-                    f"{_FIX[key]}"
-                )
+        with np.errstate(all="ignore"):
+            for key, value, step in steps:
+                if value is None:
+                    continue
+                x, wide = step(x, dt), step(wide, np.dtype(np.float64))
+                if not np.isfinite(x).all():
+                    shown = value if key == "scale" else list(value)
+                    to = f"to {float(np.max(np.abs(wide))):.3g}, beyond what {self.dtype} holds ({most:.3g})"
+                    if key == "std" and not np.asarray(value, dtype=dt).all():
+                        to = f"through a division by 0: {self.dtype} holds no std so small"
+                    raise ConfigError(
+                        f"input pipeline {key} {shown} takes {raw} {to}: its outputs would be inf or NaN; {_FIX[key]}"
+                    )
 
     # ---- the declaration ---------------------------------------------------------------------------------------
     @property
