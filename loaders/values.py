@@ -42,7 +42,10 @@ def number(
     would work."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ConfigError(_says(what, value, "is not a number", fix))
-    v = float(value)
+    try:
+        v = float(value)
+    except OverflowError:  # an int of hundreds of digits has no float
+        raise ConfigError(_says(what, value, "is beyond what a float holds", fix)) from None
     if not math.isfinite(v):
         raise ConfigError(_says(what, value, "is not finite", fix))
     if float32 and v != 0 and not FLOAT32_TINY <= abs(v) <= FLOAT32_MAX:
@@ -121,7 +124,13 @@ def _depth(text: str) -> int:
 
 
 def _says(what: str, value: Any, problem: str, fix: str) -> str:
-    shown = repr(value) if not isinstance(value, str) else f"'{value}'"
-    if len(shown) > 60:
-        shown = shown[:57] + "..."
-    return f"{what} {shown} {problem}" + (f"; {fix}" if fix else "")
+    return f"{what} {shown(value)} {problem}" + (f"; {fix}" if fix else "")
+
+
+def shown(value: Any, n: int = 60) -> str:
+    """A value as a message quotes it: a string in quotes, else its repr, cut to about n characters; an integer of
+    hundreds of digits by its size (repr refuses one of more than 4300)."""
+    if isinstance(value, numbers.Integral) and abs(int(value)).bit_length() > 200:
+        return f"(a whole number of about {int(abs(int(value)).bit_length() * math.log10(2)) + 1} digits)"
+    text = repr(value) if not isinstance(value, str) else f"'{value}'"
+    return text if len(text) <= n else text[: n - 3] + "..."

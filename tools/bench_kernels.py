@@ -31,7 +31,9 @@ def load_rev(rev: str) -> tuple[types.SimpleNamespace, types.ModuleType]:
     loaded as modules of their own beside today's."""
     mods = {}
     real = registry.kernel
-    registry.kernel = lambda *a, **k: lambda fn: fn  # the old kernels register nowhere: today's keep the op records
+    registry.kernel = lambda *a, **k: (
+        lambda fn: fn
+    )  # the old kernels register nowhere: today's keep the op records
     try:
         for name in ("depthwise", "window", "conv", "pool", "nn_grad"):
             path = f"{PKG.replace('.', '/')}/{name}.py"

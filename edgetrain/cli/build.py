@@ -252,9 +252,10 @@ def _lora(cfg: LoraConfig):
     """The LoRA adapter module --lora-rank asks for, or None."""
     if cfg.rank is None:
         return None
-    from edgetrain.derive.adapters import LoRA  # build side
+    from edgetrain.derive.adapters import LoRA, lora_rank  # build side
 
-    alpha = cfg.alpha if cfg.alpha is not None else 2.0 * cfg.rank
+    rank = lora_rank(cfg.rank)  # checked before 2.0 * R, which overflows for a huge R
+    alpha = cfg.alpha if cfg.alpha is not None else 2.0 * rank
     return LoRA(rank=cfg.rank, alpha=alpha, targets=_listed(cfg.targets))
 
 

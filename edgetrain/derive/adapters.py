@@ -22,10 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from edgetrain.core.errors import ConfigError, UnsupportedError
+from edgetrain.core.errors import ConfigError, LimitError, UnsupportedError
 from edgetrain.core.ir import Graph, GraphBuilder, Node, TensorInfo
 from edgetrain.graph.adapters import LoraModule
+from edgetrain.graph.bounds import size_text
+from edgetrain.graph.passes import MAX_PARAMETER_BYTES
 from edgetrain.graph.sections import AdaptersSection
+from loaders.values import count, number, shown
 
 from .params import PARAMETER, Role, Roles, _matches, select_trainable
 from .rewrite import Conversion, Rewrite
@@ -33,6 +36,16 @@ from .ties import _generated
 
 F32 = np.float32
 LINEAR = ("MatMul", "Gemm")
+# A rank R adapts only layers of at least R inputs and R outputs (above that A B gains no rank), whose A and B then
+# hold 8 R^2 bytes or more: the largest rank whose adapters of one layer fit the bound on a model's parameters.
+MAX_RANK = math.isqrt(MAX_PARAMETER_BYTES // 8)
+MAX_SEED = 2**64 - 1  # what a header's JSON holds as it is; numpy's generators take any whole number from 0
+RANK_FIX = "ranks of 4 to 64 are usual; a rank above a layer's inputs or outputs adds nothing to it"
+
+
+def lora_rank(value: Any) -> int:
+    """A LoRA rank (LoRA(rank=), --lora-rank): a whole number from 1 to MAX_RANK; ConfigError naming it otherwise."""
+    return count(value, "LoRA rank (--lora-rank)", lo=1, hi=MAX_RANK, fix=RANK_FIX)
 
 
 class IAdapter(Rewrite, ABC):
@@ -78,16 +91,26 @@ class LoRA(IAdapter):
         dropout: float = 0.0,
         seed: int = 0,
     ):
-        if type(rank) is not int or rank < 1:
-            raise ConfigError(f"LoRA rank must be a positive integer, not {rank!r}")
-        if not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or alpha <= 0:
-            raise ConfigError(f"LoRA alpha must be a positive number, not {alpha!r}")
-        if dropout != 0.0:
+        self.rank = lora_rank(rank)
+        self.alpha = number(
+            alpha,
+            "LoRA alpha (--lora-alpha)",
+            positive=True,
+            fix="alpha / rank scales the update: 2 x rank is usual",
+        )
+        number(
+            self.alpha / self.rank,
+            f"LoRA's scale alpha / rank ({self.alpha:g} / {self.rank})",
+            fix="it multiplies every adapter's output in float32: give an alpha nearer the rank",
+        )
+        if number(dropout, "LoRA dropout", lo=0.0, hi=1.0, float32=False) != 0.0:
             raise ConfigError(
                 f"LoRA dropout={dropout} is not supported: edgetrain's steps are deterministic; use dropout=0.0"
             )
-        self.rank, self.alpha, self.seed = rank, float(alpha), int(seed)
-        self.targets = [targets] if isinstance(targets, str) else (None if targets is None else list(targets))
+        self.seed = count(
+            seed, "LoRA seed", hi=MAX_SEED, fix="it seeds A's initialization (numpy's generators)"
+        )
+        self.targets = _targets(targets)
 
     def config(self) -> dict[str, Any]:
         return {
@@ -107,6 +130,7 @@ class LoRA(IAdapter):
                     raise UnsupportedError(_no_target(pat, sites, roles))
         if not chosen:
             raise UnsupportedError("LoRA found no MatMul or Gemm with a constant 2-D weight to adapt")
+        self._fits(chosen, graph)
         g = graph.copy()
         entries = dict(roles.entries)
         rng = np.random.default_rng(self.seed)
@@ -143,6 +167,49 @@ class LoRA(IAdapter):
 
     def _wanted(self, role: Role) -> bool:
         return self.targets is None or any(_matches(role, p) for p in self.targets)
+
+    def _fits(self, chosen: list[tuple[str, int, int, int, bool]], graph: Graph) -> None:
+        """Refuses, before anything is allocated, a rank above a chosen layer's inputs or outputs (A B would have
+        the rank of the smaller alone: the rest trains nothing), and adapters that together would hold more than
+        MAX_PARAMETER_BYTES."""
+        for weight, k, fan_in, fan_out, _ in chosen:
+            if self.rank > min(fan_in, fan_out):
+                raise ConfigError(
+                    f"LoRA rank (--lora-rank) {self.rank} is larger than layer '{weight}' (node "
+                    f"'{graph.nodes[k].name}', {fan_in} inputs, {fan_out} outputs) can use: its update A B has rank "
+                    f"{min(fan_in, fan_out)} at most; give a rank of {min(fan_in, fan_out)} or less, or leave the "
+                    "layer out of the targets (--lora-targets)"
+                )
+        needed = sum(self.rank * (fan_in + fan_out) * F32().itemsize for _, _, fan_in, fan_out, _ in chosen)
+        if needed > MAX_PARAMETER_BYTES:
+            raise LimitError(
+                f"LoRA rank (--lora-rank) {self.rank} on {len(chosen)} layer(s) makes adapters of "
+                f"{size_text(needed)}, more than the {size_text(MAX_PARAMETER_BYTES)} edgetrain allows for a "
+                "model's parameters (edgetrain.graph.passes.MAX_PARAMETER_BYTES); give a smaller rank or fewer "
+                "targets (--lora-targets)",
+                limit=MAX_PARAMETER_BYTES,
+                needed=needed,
+            )
+
+
+def _targets(targets: Any) -> list[str] | None:
+    """LoRA's targets as a list of glob patterns (None: every layer it can adapt): a string, or a list or tuple of
+    non-empty strings, kept in their order (they are stored in the artifact)."""
+    fix = "give a pattern such as '*attn*', a list of them, or None for every MatMul/Gemm layer"
+    if targets is None:
+        return None
+    if isinstance(targets, str):
+        targets = [targets]
+    if not isinstance(targets, Sequence) or isinstance(targets, (bytes, bytearray)):
+        raise ConfigError(
+            f"LoRA targets (--lora-targets) {shown(targets)} are not a pattern or a list of them; {fix}"
+        )
+    out = list(targets)
+    bad = [t for t in out if not isinstance(t, str) or not t]
+    if bad or not out:
+        what = f"hold {shown(bad[0])}" if bad else "are an empty list"
+        raise ConfigError(f"LoRA targets (--lora-targets) {what}: each target is a non-empty pattern; {fix}")
+    return out
 
 
 def _sites(graph: Graph, roles: Roles) -> list[tuple[str, int, int, int, bool]]:

@@ -25,16 +25,18 @@ with their planned peaks, and `edgetrain check --memory-budget` prints them all.
 
 from __future__ import annotations
 
+import numbers
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from edgetrain.core.errors import ModelError, UnsupportedError
+from edgetrain.core.errors import ConfigError, ModelError, UnsupportedError
 from edgetrain.graph.footprint import FUSED_CHUNK, step_footprint
 from edgetrain.graph.recompute import LEVELS
 from edgetrain.graph.sections import MemoryBudgetSection, QuantizedSection
+from loaders.values import count, number, shown
 
 from .artifact import TrainingArtifact, artifact_record
 from .channels import splittable
@@ -43,19 +45,39 @@ _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "M
 _UNITS.update({"K": 2**10, "M": 2**20, "G": 2**30})
 
 
+# A budget is only compared with planned peaks (nothing of its size is allocated), but it is written into the
+# artifact's header, whose integers are bounded: 1 PiB is beyond any device's memory.
+MAX_BUDGET = 1 << 50
+BUDGET_FIX = "write a positive size such as 24MB, 24MiB, 512KB or a number of bytes, up to 1 PiB"
+
+
 def parse_bytes(value: int | float | str) -> int:
-    """A budget as bytes: an int, or text such as '24MB' (10^6), '24MiB' or '24M' (2^20), '512KB'."""
-    if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
-        if value <= 0:
-            raise UnsupportedError(f"memory budget {value}: it must be a positive number of bytes")
-        return int(value)
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", str(value))
+    """A budget as bytes: an int, or text such as '24MB' (10^6), '24MiB' or '24M' (2^20), '512KB'; from 1 byte to
+    MAX_BUDGET. Anything else is an UnsupportedError naming the budget and saying what works."""
+    try:
+        if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+            return count(value, "memory budget", lo=1, hi=MAX_BUDGET, fix=BUDGET_FIX)
+        if isinstance(value, numbers.Real) and not isinstance(value, bool):
+            return _whole_bytes(
+                number(value, "memory budget", positive=True, float32=False, fix=BUDGET_FIX), value
+            )
+    except ConfigError as e:  # one error for every bad budget, as for the text ones below
+        raise UnsupportedError(str(e)) from None
+    text = value if isinstance(value, str) and len(value) <= 64 else ""  # no budget is written longer
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", text)
     unit = m.group(2).upper() if m else None
     if m is None or unit not in _UNITS or float(m.group(1)) <= 0:
+        raise UnsupportedError(f"memory budget {shown(value)}: {BUDGET_FIX}")
+    return _whole_bytes(float(m.group(1)) * _UNITS[unit], value)
+
+
+def _whole_bytes(n: float, given) -> int:
+    """n bytes, a positive finite number, as a whole number from 1 to MAX_BUDGET (its fraction dropped)."""
+    if not n < MAX_BUDGET + 1 or int(n) < 1:
         raise UnsupportedError(
-            f"memory budget '{value}': write a positive size such as 24MB, 24MiB, 512KB or a number of bytes"
+            f"memory budget {shown(given)} is {'less than a byte' if n < 1 else 'too large'}; {BUDGET_FIX}"
         )
-    return int(float(m.group(1)) * _UNITS[unit])
+    return int(n)
 
 
 def size_text(n: int) -> str:

@@ -12,12 +12,14 @@ input, and the gradient and the optimizer state are that part of the weight.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
 from edgetrain.core.errors import UnsupportedError
 from edgetrain.core.ir import Graph, GraphBuilder, Node, TensorInfo
 from edgetrain.graph.channels import ChannelSplit
+from loaders.values import shown
 
 from .params import CONSTANT, PARAMETER, Role, Roles
 
@@ -60,22 +62,7 @@ def split(graph: Graph, roles: Roles, channels: Mapping[str, int]) -> tuple[Grap
     """(the graph with each named weight's layer split, the roles with each trained part a parameter and each
     frozen part a constant, the records); a weight that cannot be split, or a count out of range, is an error."""
     sites = splittable(graph, roles)
-    channels = {
-        w: int(c) if isinstance(c, np.integer) else c for w, c in channels.items()
-    }  # numpy counts too
-    for w, count in channels.items():
-        if w not in sites:
-            shown = ", ".join(repr(s) for s in list(sites)[:6]) + (" ..." if len(sites) > 6 else "")
-            raise UnsupportedError(
-                f"channels: '{w}' cannot train on a subset of its input channels: it must be the weight of one "
-                f"Conv (group 1), Gemm or MatMul that alone reads it; these can: {shown or 'none'}"
-            )
-        total = sites[w][2]
-        if type(count) is not int or not 0 < count < total:  # (not a float, nor a bool)
-            raise UnsupportedError(
-                f"channels: '{w}' has {total} input channels; give a count from 1 to {total - 1} (all of them: "
-                "name it in trainable instead)"
-            )
+    channels = {w: _count(w, c, sites, graph) for w, c in channels.items()}
     fresh = GraphBuilder(graph)  # works on its own copy of the graph
     g = fresh.graph
     records = []
@@ -85,6 +72,27 @@ def split(graph: Graph, roles: Roles, channels: Mapping[str, int]) -> tuple[Grap
         records.append(_split_one(g, k, (w, axis, channels[w], total), fresh))
     records.reverse()
     return g, Roles(_roles(roles, records, g)), records
+
+
+def _count(w: str, count: Any, sites: dict[str, tuple[int, int, int]], graph: Graph) -> int:
+    """The count of input channels that train for weight w: a whole number (an int or a numpy integer, not a bool or
+    a float) from 1 to its input channels - 1, of a weight that can be split; UnsupportedError saying which."""
+    if w not in sites:
+        can = ", ".join(repr(s) for s in list(sites)[:6]) + (" ..." if len(sites) > 6 else "")
+        held = "" if w in graph.initializers else " (the model holds no tensor of that name)"
+        raise UnsupportedError(
+            f"channels: {shown(w)} cannot train on a subset of its input channels{held}: it must be the weight of "
+            f"one Conv (group 1), Gemm or MatMul that alone reads it; these can: {can or 'none'}"
+        )
+    total = sites[w][2]
+    whole = isinstance(count, (int, np.integer)) and not isinstance(count, bool)
+    if not whole or not 0 < count < total:
+        what = "is out of range" if whole else f"is a {type(count).__name__}, not a whole number"
+        raise UnsupportedError(
+            f"channels: the count {shown(count)} for '{w}' {what}: '{w}' has {total} input channels; give a count "
+            f"from 1 to {total - 1} (all of them: name it in trainable instead)"
+        )
+    return int(count)
 
 
 def _roles(roles: Roles, records: list[ChannelSplit], g: Graph) -> dict[str, Role]:

@@ -12,16 +12,19 @@ manifest, it alone decides what trains; the roles read from the graph still name
 
 from __future__ import annotations
 
-import json
 import os
+import stat
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from edgetrain.core.errors import ConfigError, ModelError, StorageError
 from edgetrain.core.ir import Graph
+from loaders.values import bounded_json, shown
 
 MANIFEST_KEY = "edgetrain.parameters"
 MAX_MANIFEST_BYTES = 16 << 20
+FIELDS = ("version", "parameters", "frozen")
 
 
 @dataclass(frozen=True)
@@ -45,9 +48,10 @@ class Manifest:
         return out
 
 
-def read_manifest(graph: Graph, given: str | os.PathLike | dict | None) -> Manifest | None:
+def read_manifest(graph: Graph, given: str | os.PathLike | Mapping | None) -> Manifest | None:
     """The manifest given (a dict or a JSON file), else the model's own (metadata_props), else None. A manifest
-    that is malformed, or names a tensor the model does not hold, is a ConfigError that says which."""
+    that is malformed, names a tensor the model does not hold or one that cannot train, or gives one name to
+    tensors of different sizes, is a ConfigError (ModelError for a name the model lacks) that says which."""
     if given is None:
         text = graph.metadata.get(MANIFEST_KEY)
         if text is None:
@@ -55,47 +59,100 @@ def read_manifest(graph: Graph, given: str | os.PathLike | dict | None) -> Manif
         return _parse(
             _json(text, f"the model's metadata '{MANIFEST_KEY}'"), graph, f"the model's '{MANIFEST_KEY}'"
         )
-    if isinstance(given, dict):
-        return _parse(given, graph, "parameters=")
-    path = os.fspath(given)
+    if isinstance(given, Mapping):
+        return _parse(dict(given), graph, "parameters=")
+    if not isinstance(given, (str, bytes, os.PathLike)):
+        raise ConfigError(
+            f"parameters={shown(given)}: give a parameter manifest as a dict or the path of its JSON file"
+        )
+    path = os.fsdecode(given)
     try:
         with open(path, "rb") as f:
-            data = f.read(MAX_MANIFEST_BYTES + 1)
+            info = os.fstat(f.fileno())
+            # read(n) allocates n bytes first: a regular file is read to its size, and refused unread when larger
+            # than the bound (a pipe's size is known only once read)
+            regular = stat.S_ISREG(info.st_mode)
+            large = regular and info.st_size > MAX_MANIFEST_BYTES
+            data = b"" if large else f.read(info.st_size + 1 if regular else MAX_MANIFEST_BYTES + 1)
     except OSError as e:
         raise StorageError.of(e, path, "cannot read the parameter manifest") from None
-    if len(data) > MAX_MANIFEST_BYTES:
+    if large or len(data) > MAX_MANIFEST_BYTES:
         raise ConfigError(f"'{path}' is larger than a parameter manifest may be ({MAX_MANIFEST_BYTES} bytes)")
     return _parse(_json(data, f"'{path}'"), graph, f"'{path}'")
 
 
 def _json(text: str | bytes, where: str) -> Any:
     try:
-        return json.loads(text)
-    except (ValueError, RecursionError) as e:
-        raise ConfigError(f"{where} is not a parameter manifest: not JSON ({e})") from None
+        return bounded_json(text, where, max_bytes=MAX_MANIFEST_BYTES)
+    except ConfigError as e:
+        raise ConfigError(f"{where} is not a parameter manifest: not JSON as one is read ({e})") from None
+
+
+def _names(data: dict, key: str, where: str) -> dict[str, str]:
+    """The manifest's object `key` ({} when absent): ONNX initializer names to the author's, both non-empty."""
+    v = data.get(key, {})
+    if not isinstance(v, dict):
+        raise ConfigError(
+            f"{where}: '{key}' is {shown(v)}; it must map ONNX initializer names to the author's names, e.g. "
+            '{"fc.weight": "fc.weight"}'
+        )
+    bad = next(((k, x) for k, x in v.items() if not (isinstance(x, str) and x and k)), None)
+    if bad is not None:
+        raise ConfigError(
+            f"{where}: '{key}' must map ONNX initializer names to the author's names (non-empty strings); "
+            f"{shown(bad[0])} maps to {shown(bad[1])}"
+        )
+    return dict(v)
 
 
 def _parse(data: Any, graph: Graph, where: str) -> Manifest:
-    def names(key: str) -> dict[str, str]:
-        v = data.get(key, {})
-        if not isinstance(v, dict) or not all(
-            isinstance(k, str) and isinstance(x, str) for k, x in v.items()
-        ):
-            raise ConfigError(f"{where}: '{key}' must map ONNX initializer names to the author's names")
-        return dict(v)
-
-    if not isinstance(data, dict) or data.get("version", 1) != 1 or "parameters" not in data:
+    if not isinstance(data, dict) or "parameters" not in data:
         raise ConfigError(
             f'{where} is not a parameter manifest: expected {{"version": 1, "parameters": {{ONNX name: name}}}}'
         )
-    params, frozen = names("parameters"), names("frozen")
+    version = data.get("version", 1)
+    if type(version) is not int or version != 1:
+        raise ConfigError(
+            f"{where}: 'version' is {shown(version)}; this edgetrain reads parameter manifests of version 1"
+        )
+    unknown = sorted(k for k in data if k not in FIELDS)
+    if unknown:
+        raise ConfigError(
+            f"{where}: {shown(unknown[0])} is not a field of a parameter manifest; its fields are "
+            f"{', '.join(FIELDS)}"
+        )
+    params, frozen = _names(data, "parameters", where), _names(data, "frozen", where)
     missing = [n for n in [*params, *frozen] if n not in graph.initializers]
     if missing:
         raise ModelError(
-            f"{where} names '{missing[0]}'{f' and {len(missing) - 1} more' if len(missing) > 1 else ''}, which "
-            "the model holds no initializer of: the manifest belongs to another export of the model"
+            f"{where} names {shown(missing[0])}{f' and {len(missing) - 1} more' if len(missing) > 1 else ''}, "
+            "which the model holds no initializer of: the manifest belongs to another export of the model"
         )
     both = sorted(set(params) & set(frozen))
     if both:
-        raise ConfigError(f"{where} lists '{both[0]}' both as a parameter and as frozen")
+        raise ConfigError(f"{where} lists {shown(both[0])} both as a parameter and as frozen")
+    _trainable(params, graph, where)
     return Manifest(params, frozen, where)
+
+
+def _trainable(params: dict[str, str], graph: Graph, where: str) -> None:
+    """Each parameter is a float tensor (an integer one is a shape, an index or a count: it never trains), and
+    tensors given one name are one tensor written twice: as many values of one dtype."""
+    for name in params:
+        arr = graph.initializers[name]
+        if arr.dtype.kind != "f":
+            raise ConfigError(
+                f"{where} lists {shown(name)} as a parameter, but it holds {arr.dtype} values "
+                f"{list(arr.shape)} (a shape, an index or a count): such a value never trains; leave it out of "
+                "'parameters'"
+            )
+    first: dict[str, str] = {}
+    for name, who in params.items():
+        other = first.setdefault(who, name)
+        a, b = graph.initializers[other], graph.initializers[name]
+        if a.size != b.size or a.dtype != b.dtype:
+            raise ConfigError(
+                f"{where} gives {shown(other)} ({a.dtype}{list(a.shape)}) and {shown(name)} ({b.dtype}"
+                f"{list(b.shape)}) one name {shown(who)}, but tensors of different sizes or dtypes cannot be one "
+                "tensor (a tie is a copy, a transpose or a reshape): give each its own name"
+            )

@@ -12,6 +12,7 @@ from typing import Any
 
 from edgetrain.core.errors import UnsupportedError
 from edgetrain.graph.recompute import LEVELS
+from loaders.values import shown
 
 from .adapters import IAdapter
 from .budget import parse_bytes
@@ -60,6 +61,9 @@ class ConvertRequest:
             )
         if self.recompute not in LEVELS:
             raise UnsupportedError(f"recomputation level '{self.recompute}': use one of {', '.join(LEVELS)}")
+        if self.memory_budget is not None:  # bytes, however given (convert reads '24MB' with make)
+            object.__setattr__(self, "memory_budget", parse_bytes(self.memory_budget))
+        _check_channels(self.channels)
         self._exclusive()
 
     def _exclusive(self) -> None:
@@ -86,10 +90,8 @@ class ConvertRequest:
         **rest: Any,
     ) -> ConvertRequest:
         """The request of convert's keyword arguments, as users give them (a budget as text, lists for tuples)."""
-        if channels is not None and not isinstance(channels, Mapping):
-            raise UnsupportedError(
-                f"channels must map weight names to counts, e.g. {{'fc.weight': 32}}, not {type(channels).__name__}"
-            )
+        if channels is not None:
+            _check_channels(channels)
         return cls(
             memory_budget=None if memory_budget is None else parse_bytes(memory_budget),
             channels=dict(channels or {}),
@@ -119,3 +121,18 @@ class ConvertRequest:
             ChunkPrefix(chunks),
             DeclaredPipeline(self.preprocessing),
         ]
+
+
+def _check_channels(channels: Any) -> None:
+    """channels maps weight names (strings) to counts; each count is checked against its weight's input channels
+    where the graph is known (edgetrain.derive.channels.split)."""
+    if not isinstance(channels, Mapping):
+        raise UnsupportedError(
+            f"channels must map weight names to counts, e.g. {{'fc.weight': 32}}, not {type(channels).__name__}"
+        )
+    bad = [w for w in channels if not isinstance(w, str) or not w]
+    if bad:
+        raise UnsupportedError(
+            f"channels: {shown(bad[0])} is not a weight's name; channels maps weight names to counts, e.g. "
+            "{'fc.weight': 32}"
+        )

@@ -155,7 +155,8 @@ def tie_copies(
 def _forced_ties(graph: Graph, forced: dict[str, str]) -> dict[str, tuple[str, str, dict]]:
     ties = {}
     for copy, first in forced.items():
-        how = _relation(graph.initializers[first], graph.initializers[copy])
+        a, b = graph.initializers.get(first), graph.initializers.get(copy)
+        how = None if a is None or b is None else _relation(a, b)
         if how is None:
             raise ModelError(
                 f"the parameter manifest gives '{copy}' and '{first}' one name, but they are not one tensor (neither "
@@ -222,7 +223,10 @@ def _same_values(graph: Graph, names: list[str]) -> list[list[str]]:
 
 
 def _relation(a: np.ndarray, b: np.ndarray) -> tuple[str, dict] | None:
-    """How b is made of a: ("Identity", {}), ("Transpose", {"perm": ...}), ("Reshape", {"shape": ...}), or None."""
+    """How b is made of a: ("Identity", {}), ("Transpose", {"perm": ...}), ("Reshape", {"shape": ...}), or None
+    (as for tensors of different sizes or dtypes)."""
+    if a.size != b.size or a.dtype != b.dtype:
+        return None
     if a.shape == b.shape and np.array_equal(a, b):
         return "Identity", {}
     if a.ndim <= 4:

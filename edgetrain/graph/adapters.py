@@ -10,6 +10,7 @@ import numpy as np
 
 from edgetrain.core.errors import ModelError
 from edgetrain.core.ir import Graph, Node
+from loaders.values import number, shown
 
 F32 = np.float32
 
@@ -39,8 +40,14 @@ class LoraModule:
     def from_dict(cls, d: dict) -> LoraModule:
         """The record to_dict wrote (without 'own' for artifacts made before it was recorded)."""
         m = cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d or k != "own"})
-        if not isinstance(m.own, str):
-            raise ValueError(f"'own' must be a tensor name, not {m.own!r}")
+        for k in ("weight", "node", "A", "B", "output", "base_output", "own"):
+            if not isinstance(getattr(m, k), str):
+                raise ValueError(f"'{k}' must be a tensor or node name, not {shown(getattr(m, k))}")
+        if not isinstance(m.nodes, list) or not all(isinstance(n, str) for n in m.nodes):
+            raise ValueError(f"'nodes' must be a list of node names, not {shown(m.nodes)}")
+        if m.merge not in ("same", "transposed"):
+            raise ValueError(f"'merge' must be 'same' or 'transposed', not {shown(m.merge)}")
+        m.scale = number(m.scale, "'scale'", positive=True)  # alpha / rank, a float32 factor
         return m
 
 

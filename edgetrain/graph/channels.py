@@ -18,7 +18,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from edgetrain.core.declared import MAX_DIMS
 from edgetrain.core.ir import Graph, Node
+from loaders.values import shown
 
 
 @dataclass
@@ -46,15 +48,27 @@ class ChannelSplit:
     @classmethod
     def from_dict(cls, d: dict) -> ChannelSplit:
         s = cls(**{k: d[k] for k in cls.__dataclass_fields__})
+        for k in ("weight", "node", "trained", "frozen", "output"):
+            if not isinstance(getattr(s, k), str):
+                raise ValueError(f"'{k}' must be a tensor or node name, not {shown(getattr(s, k))}")
         if not (
-            isinstance(s.count, int)
-            and isinstance(s.total, int)
-            and isinstance(s.axis, int)
+            type(s.count) is int
+            and type(s.total) is int
+            and type(s.axis) is int
             and 0 < s.count < s.total
-            and isinstance(s.nodes, list)
+            and 0 <= s.axis < MAX_DIMS
             and s.op_type in ("Conv", "Gemm", "MatMul")
         ):
-            raise ValueError(f"split of '{s.weight}': count {s.count!r} of {s.total!r} on axis {s.axis!r}")
+            raise ValueError(
+                f"split of {shown(s.weight)}: count {shown(s.count)} of {shown(s.total)} on axis {shown(s.axis)} "
+                f"of a {shown(s.op_type)}"
+            )
+        for k in ("nodes", "inputs"):
+            v = getattr(s, k)
+            if not isinstance(v, list) or not all(isinstance(n, str) for n in v):
+                raise ValueError(f"'{k}' must be a list of names, not {shown(v)}")
+        if s.attrs is not None and not isinstance(s.attrs, dict):
+            raise ValueError(f"'attrs' must be an object of the node's attributes, not {shown(s.attrs)}")
         s.inputs = tuple(s.inputs)
         s.attrs = dict(s.attrs or {})
         return s

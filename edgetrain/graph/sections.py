@@ -343,6 +343,7 @@ class ChannelsSection(Section):
                 ) from None
             if not ok:
                 raise r.bad(f"its split of '{s.weight}' names a tensor or node that is not in the artifact")
+            _split_fits(r, s, base)
             out.append(s)
         return cls(out)
 
@@ -358,7 +359,25 @@ class ChannelsSection(Section):
 
     @classmethod
     def breaking(cls, value):
-        return _module_breaking(value, None, ("trained", "frozen", "nodes", "count", "axis", "op_type"))
+        edits = _module_breaking(value, None, ("trained", "frozen", "nodes", "count", "axis", "op_type"))
+        if isinstance(value, list) and value and isinstance(value[0], dict):
+            count, total = value[0].get("count"), value[0].get("total")
+            if type(count) is int and type(total) is int and count + 1 < total:
+                edits.append(((0, "count"), count + 1))  # a count the halves' shapes do not have
+            edits.append(((0, "axis"), 7))
+        return edits
+
+
+def _split_fits(r: Reader, s: ChannelSplit, base: Graph) -> None:
+    """A split layer's two halves are the weight cut on its input-channel axis: `count` channels and the others,
+    alike on every other axis, so that the export's concatenation gives the weight whole."""
+    a, b = np.shape(base.initializers[s.trained]), np.shape(base.initializers[s.frozen])
+    ok = len(a) == len(b) and 0 <= s.axis < len(a) and a[s.axis] == s.count and b[s.axis] == s.total - s.count
+    if not ok or any(x != y for k, (x, y) in enumerate(zip(a, b)) if k != s.axis):
+        raise r.bad(
+            f"its split of '{s.weight}' says {s.count} of {s.total} channels on axis {s.axis}, but its halves are "
+            f"{list(a)} and {list(b)}"
+        )
 
 
 @register

@@ -23,6 +23,7 @@ from edgetrain.core.errors import ArtifactError, FeedError
 from edgetrain.graph.fields import (
     ADAPTERS_FAULT,
     CHECKPOINT_FAULT,
+    GHOST,
     SAYS_NUMBER,
     Count,
     Obj,
@@ -142,7 +143,8 @@ def write_checkpoint(
 
 
 class AdapterEntry(Spec):
-    """The adapters a file lists: each a record of the layer's weight and its A and B, both held by the file."""
+    """The adapters a file lists: each a record of the layer's weight and its A and B, both held by the file; every
+    tensor of the file is one layer's A or B, and no tensor is two of them."""
 
     what = "a list of adapted layers"
 
@@ -155,7 +157,22 @@ class AdapterEntry(Spec):
         )
         if not ok:
             raise r.bad("its header lacks a LoRA config or lists adapters it does not hold")
+        listed: set[str] = set()
+        for n in (m[k] for m in v for k in ("A", "B")):
+            if n in listed:
+                raise r.bad(
+                    f"its modules list the tensor {short(n)} twice (each layer has an A and a B of its own)"
+                )
+            listed.add(n)
+        unlisted = [n for n in r.tensors if n not in listed]
+        if unlisted:
+            raise r.bad(
+                f"it holds the tensor {short(unlisted[0])}, which no adapted layer of its modules lists"
+            )
         return list(v)
+
+    def breaking(self):
+        return ["x", [{"weight": "w", "A": GHOST, "B": GHOST}], [], None]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -20,6 +20,7 @@ from edgetrain.graph.record import ArtifactRecord
 from edgetrain.graph.sections import SECTIONS, AdaptersSection, ExportView
 
 from .checkpoints import read_adapters
+from .fused import finite
 
 
 def export_options(record: ArtifactRecord, path: str, options: dict[str, Any]) -> dict[str, Any]:
@@ -116,7 +117,9 @@ def write_adapters(
 def read_adapter_values(
     record: ArtifactRecord, path: str | os.PathLike, *, source: str
 ) -> dict[str, np.ndarray]:
-    """The adapters an adapters file holds, for an artifact of the same program (TrainingSession.load_adapters)."""
+    """The adapters an adapters file holds, for an artifact of the same program (TrainingSession.load_adapters):
+    the same adapted layers, each A and B of the dtype and shape the artifact declares (nothing broadcast or cast)
+    and finite. Every tensor is checked before the caller assigns any: a refused file changes nothing."""
     found, tensors = read_adapters(path)
     if found.program_id != record.program_id:
         raise ArtifactError(
@@ -124,6 +127,33 @@ def read_adapter_values(
             "same LoRA settings"
         )
     a = record.section(AdaptersSection)
-    if set(tensors) != set(a.tensors if a is not None else ()):
-        raise ArtifactError(f"'{path}' holds other adapter tensors than this artifact's")
+    if a is None:
+        raise ConfigError(f"'{source}' has no adapters: convert with adapters=et.LoRA(...)")
+    names = list(a.tensors)
+    if set(tensors) != set(names):
+        gone, extra = [n for n in names if n not in tensors], [n for n in tensors if n not in names]
+        raise ArtifactError(
+            f"'{path}' holds other adapter tensors than '{source}': "
+            + (f"it lacks '{gone[0]}'" if gone else f"'{extra[0]}' is not one of its adapters")
+            + f" (they are {', '.join(names[:6])}{' ...' if len(names) > 6 else ''}); export the adapters again"
+        )
+    layers = [(m.get("weight"), m.get("A"), m.get("B")) for m in found.modules]
+    if layers != [(m.weight, m.A, m.B) for m in a.modules]:
+        raise ArtifactError(
+            f"'{path}' lists other adapted layers than '{source}' (its modules name other weights or adapters); "
+            "export the adapters again"
+        )
+    for name in names:
+        want, arr = record.values[name], tensors[name]
+        if arr.dtype != want.dtype or arr.shape != want.shape:
+            raise ArtifactError(
+                f"'{path}': adapter '{name}' is {arr.dtype}{list(arr.shape)}; '{source}' declares it "
+                f"{want.dtype}{list(want.shape)} (nothing is cast or broadcast): export the adapters again from a "
+                "session of this artifact"
+            )
+        if not finite(arr):
+            raise ArtifactError(
+                f"'{path}': adapter '{name}' holds non-finite values (NaN or infinity); edgetrain never writes such "
+                "a file, so it was made elsewhere or damaged: use an earlier one"
+            )
     return tensors

@@ -15,7 +15,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from edgetrain.core.errors import ArtifactError, ConfigError, MissingFileError, StorageError
+from edgetrain.core.declared import short
+from edgetrain.core.errors import ArtifactError, ConfigError, EdgeTrainError, MissingFileError, StorageError
 from loaders import fingerprint
 
 
@@ -84,14 +85,34 @@ class RunRecord:
             self._writing -= 1
 
     def resume(self) -> None:
-        """Loads the checkpoint: session parameters and optimizer state, loader positions and counters."""
+        """Loads the checkpoint: session parameters and optimizer state, loader positions and counters. Every field
+        of the run's record is checked before anything is kept: a refused checkpoint leaves the session, the
+        loaders and the trainer as they were."""
         if self.checkpoint is None:
             raise ConfigError("resume needs a checkpoint path")
         if not os.path.exists(self.checkpoint):
             raise MissingFileError(
                 f"no checkpoint to resume from at '{self.checkpoint}'", path=self.checkpoint, errno=2
             )
-        state = self.session.load_checkpoint(self.checkpoint)
+        before = self.session.snapshot()
+        positions = (self.train_loader.state(), None if self.val_loader is None else self.val_loader.state())
+        try:
+            state = self.session.load_checkpoint(self.checkpoint)
+            counters = self._read_position(state)
+            self._restore_loaders(state)
+        except EdgeTrainError:
+            self.session.restore(before)
+            self.train_loader.restore(positions[0])
+            if self.val_loader is not None:
+                self.val_loader.restore(positions[1])
+            raise
+        (self.epoch, self.step, self.best, self.best_epoch, self.bad_epochs, self.history) = counters[:6]
+        self._loss_sum, self._loss_n, self.base_lr = counters[6:]
+        self._epoch_seconds = 0.0
+        self.saved_step = self.step
+
+    def _read_position(self, state: Any) -> tuple:
+        """The trainer's position a checkpoint's user_state records, every field checked (ArtifactError naming it)."""
         where = f"checkpoint '{self.checkpoint}'"
         if not isinstance(state, dict) or state.get("trainer") != 1:
             raise ConfigError(
@@ -104,29 +125,81 @@ class RunRecord:
                 f"{where}: its trainer settings are {type(settings).__name__}, not a JSON object"
             )
         self._check_settings(settings)
-        try:
-            self.train_loader.restore(state["loader"])
-            if self.val_loader is not None and state.get("val_loader") is not None:
-                self.val_loader.restore(state["val_loader"])
-        except KeyError:
-            raise ArtifactError(f"{where}: its trainer position has no 'loader' entry") from None
-        except ValueError as e:
-            raise ConfigError(
-                f"checkpoint '{self.checkpoint}' continues a run over other data ({e}); resume with the "
-                f"data, validation split and batch size of the run that wrote it"
-            ) from e
-        self.epoch, self.step = _field(state, "epoch", int, where), _field(state, "step", int, where)
-        self.best = _field(state, "best", float, where, none=True)
-        self.best_epoch = _field(state, "best_epoch", int, where, none=True, default=None)
-        self.bad_epochs = _field(state, "bad_epochs", int, where)
-        self.history = _field(state, "history", list, where)
-        self._loss_sum, self._loss_n = (
+        if "loader" not in state:
+            raise ArtifactError(f"{where}: its trainer position has no 'loader' entry")
+        counters = (
+            _field(state, "epoch", int, where),
+            _field(state, "step", int, where),
+            _field(state, "best", float, where, none=True),
+            _field(state, "best_epoch", int, where, none=True, default=None),
+            _field(state, "bad_epochs", int, where),
+            _field(state, "history", list, where),
             _field(state, "loss_sum", float, where),
             _field(state, "loss_n", int, where),
+            _field(state, "base_lr", float, where),
         )
-        self.base_lr = _field(state, "base_lr", float, where)
-        self._epoch_seconds = 0.0
-        self.saved_step = self.step
+        self._consistent(counters, settings, where)
+        loader = state.get("loader")
+        seed = loader.get("seed") if isinstance(loader, dict) else None
+        if settings and "seed" in settings and seed != settings["seed"]:
+            raise ArtifactError(
+                f"{where}: its trainer field 'loader' has seed {seed!r:.40}, but the run's settings record seed "
+                f"{settings['seed']!r:.40}; the file was damaged or made elsewhere"
+            )
+        try:
+            json.dumps(counters[5], allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise ArtifactError(
+                f"{where}: its trainer field 'history' holds a value JSON cannot hold ({e})"
+            ) from None
+        return counters
+
+    def _consistent(self, counters: tuple, settings: Mapping[str, Any] | None, where: str) -> None:
+        """The position's fields agree with each other and with the checkpoint they came with: a crafted count
+        would otherwise skip or repeat training without a word."""
+        epoch, step, _, best_epoch, bad_epochs, history, _, loss_n, base_lr = counters
+        faults = [
+            (step != self.session.step, "step", f"{step}, but the checkpoint holds step {self.session.step}"),
+            (len(history) != epoch, "history", f"{len(history)} epoch records for {epoch} epochs done"),
+            (
+                best_epoch is not None and not 1 <= best_epoch <= epoch,
+                "best_epoch",
+                f"{best_epoch} of {epoch}",
+            ),
+            (bad_epochs > epoch, "bad_epochs", f"{bad_epochs} of {epoch}"),
+            (
+                loss_n > step * max(1, self.train_loader.batch_size),
+                "loss_n",
+                f"{loss_n} samples in {step} steps",
+            ),
+            (base_lr < 0, "base_lr", f"{base_lr}, a negative learning rate"),
+        ]
+        recorded = (settings or {}).get("base_lr")
+        faults.append(
+            (recorded is not None and recorded != base_lr, "base_lr", f"{base_lr}, its settings {recorded}")
+        )
+        for bad, key, what in faults:
+            if bad:
+                raise ArtifactError(
+                    f"{where}: its trainer field '{key}' is {what}; the file was damaged or made elsewhere: resume "
+                    "from an earlier checkpoint, or start a new run from its weights (--init-from)"
+                )
+
+    def _restore_loaders(self, state: dict) -> None:
+        where = f"checkpoint '{self.checkpoint}'"
+        if "loader" not in state:
+            raise ArtifactError(f"{where}: its trainer position has no 'loader' entry")
+        pairs = [("loader", self.train_loader)]
+        if self.val_loader is not None and state.get("val_loader") is not None:
+            pairs.append(("val_loader", self.val_loader))
+        for key, loader in pairs:
+            try:
+                loader.restore(state[key])
+            except ValueError as e:
+                raise ConfigError(
+                    f"checkpoint '{self.checkpoint}' continues a run over other data (its '{key}': {e}); resume "
+                    "with the data, validation split and batch size of the run that wrote it"
+                ) from e
 
     def _check_settings(self, recorded: Mapping[str, Any] | None) -> None:
         """Refuses to continue a run with other data or other settings than those it was started with (epochs
@@ -138,13 +211,17 @@ class RunRecord:
             old, new = recorded.get(key), mine[key]
             if old != new:
                 what = "training" if key == "data" else "validation"
+                sized = all(isinstance(f, dict) and type(f.get("size")) is int for f in (old, new))
                 sizes = (
                     f"{old['size']:,} samples then, {new['size']:,} now"
-                    if old and new
+                    if sized
                     else "added or removed"
+                    if not old or not new
+                    else f"its settings' '{key}' is {short(old)}"
                 )
                 raise ConfigError(
-                    f"checkpoint '{self.checkpoint}' continues a run over other {what} data ({sizes}, and the "
+                    f"checkpoint '{self.checkpoint}' continues a run over other {what} data (its settings' '{key}': "
+                    f"{sizes}, and the "
                     f"samples differ); to train on the data as it is now from the checkpoint's weights, start a "
                     f"new run from them (edgetrain train --init-from CHECKPOINT; in Python, "
                     f"session.load_checkpoint(...) and a new Trainer)"

@@ -36,10 +36,16 @@ class Tally:
 
     @contextmanager
     def case(
-        self, what: str, *, names: str | tuple[str, ...] | None = None, accept: bool = False
+        self,
+        what: str,
+        *,
+        names: str | tuple[str, ...] | None = None,
+        accept: bool = False,
+        either: bool = False,
     ) -> Iterator[None]:
         """One input. accept=False: the body must raise an EdgeTrainError whose message contains each of `names`;
-        accept=True: the body must finish (its own assertions check the result)."""
+        accept=True: the body must finish (its own assertions check the result); either=True: both are right (an
+        input that may or may not matter: a refusal must still name `names`, an acceptance pass its assertions)."""
         self.tried += 1
         wanted = (names,) if isinstance(names, str) else tuple(names or ())
         started = not tracemalloc.is_tracing()
@@ -60,7 +66,7 @@ class Tally:
             mib = tracemalloc.get_traced_memory()[1] / 2**20
             if started:
                 tracemalloc.stop()
-        self._judge(what, outcome, wanted, accept, seconds, mib)
+        self._judge(what, outcome, wanted, accept or (either and outcome is None), seconds, mib)
 
     def _judge(
         self, what: str, outcome, wanted: tuple[str, ...], accept: bool, seconds: float, mib: float
