@@ -241,6 +241,7 @@ class InputPipeline:
             ("mean", self.mean, lambda x, t: x - np.asarray(self.mean, dtype=t)),
             ("std", self.std, lambda x, t: x / np.asarray(self.std, dtype=t)),
         )
+        self._check_factor(dt, k)
         with np.errstate(all="ignore"):
             for key, value, step in steps:
                 if value is None:
@@ -254,6 +255,28 @@ class InputPipeline:
                     raise ConfigError(
                         f"input pipeline {key} {shown} takes {raw} {to}: its outputs would be inf or NaN; {_FIX[key]}"
                     )
+
+    def _check_factor(self, dt: np.dtype, k: int | None) -> None:
+        """The scale's divisor (or factor), the means and the stds are numbers the model's float type holds: a
+        divisor of inf (65535 in float16), a factor of 0 (1e-30 in float16) or a std of inf would make every
+        output the same."""
+        with np.errstate(all="ignore"):
+            factor = None if self.scale is None else dt.type(k or self.scale)
+            held = {
+                key: np.asarray(getattr(self, key), dtype=dt) for key in ("mean", "std") if getattr(self, key)
+            }
+        if factor is not None and not (np.isfinite(factor) and factor != 0):
+            how = f"divides by {k}" if k else f"multiplies by {self.scale:g}"
+            raise ConfigError(
+                f"input pipeline scale {self.scale:g} {how}, which {dt.name} holds as {factor}: every output would "
+                f"be the same; {_FIX['scale']}, or a model of a wider float type for such data"
+            )
+        for key, values in held.items():
+            if not np.isfinite(values).all():
+                raise ConfigError(
+                    f"input pipeline {key} {list(getattr(self, key))} is beyond what {dt.name} holds "
+                    f"({float(np.finfo(dt).max):.3g}); {_FIX[key]}"
+                )
 
     # ---- the declaration ---------------------------------------------------------------------------------------
     @property
