@@ -13,9 +13,13 @@ import numbers
 
 import numpy as np
 
-from .errors import ConfigError
+from .errors import ConfigError, LimitError
+from .limits import limit_argument, size_text
 
 LAYOUTS = ("nhwc", "nchw")
+# the largest array one resize makes (its output, or the intermediate of its first axis): an image resized to
+# 8192 x 8192 RGB in float32 is 768 MiB; a size beyond any training input is refused before it is allocated
+RESIZE_MAX_BYTES = 1 << 30
 
 
 def spatial_axes(x: np.ndarray, layout: str, what: str = "image") -> tuple[int, int]:
@@ -75,17 +79,41 @@ def _resize_axis(x: np.ndarray, axis: int, n_out: int) -> np.ndarray:
     return a + (b - a) * t
 
 
-def resize(x: np.ndarray, size, *, layout: str = "nhwc") -> np.ndarray:
+def resize_bytes(shape, size, *, layout: str = "nhwc", itemsize: int = 4) -> int:
+    """The bytes of the largest array resize() makes of an array of `shape` (its H axis is resized first: the
+    intermediate has the new height and the old width)."""
+    h_axis, w_axis = (-3, -2) if layout == "nhwc" else (-2, -1)
+    height, width = size_pair(size, "resize size")
+    others = math.prod(int(d) for i, d in enumerate(shape) if i - len(shape) not in (h_axis, w_axis))
+    return others * height * max(int(shape[w_axis]), width) * itemsize
+
+
+def resize(x: np.ndarray, size, *, layout: str = "nhwc", max_bytes: int = RESIZE_MAX_BYTES) -> np.ndarray:
     """x resized to size = (H, W): bilinear, exactly as ONNX Resize with mode="linear",
     coordinate_transformation_mode="half_pixel", no antialias (edge values clamped), so that a model exported with
     that Resize node gives the same numbers in onnxruntime (within float32 rounding: 1e-4 on 0..255 values).
 
     The result is float32 (float64 input stays float64): uint8 pixels keep their 0..255 range. A downscale by
     more than 2 samples only the two nearest pixels per axis (no antialias, like ONNX's default and
-    torchvision's Resize(antialias=False)), so fine detail can alias."""
+    torchvision's Resize(antialias=False)), so fine detail can alias.
+
+    The largest array it makes (resize_bytes) may be at most max_bytes (RESIZE_MAX_BYTES): a LimitError naming
+    the size, before anything is allocated."""
     h_axis, w_axis = spatial_axes(x, layout, "resize")
     height, width = size_pair(size, "resize size")
-    y = np.asarray(x).astype(_work_dtype(np.asarray(x)), copy=False)
+    x = np.asarray(x)
+    work = _work_dtype(x)
+    needed = resize_bytes(x.shape, (height, width), layout=layout, itemsize=work.itemsize)
+    limit = limit_argument(max_bytes, "max_bytes")
+    if needed > limit:
+        raise LimitError(
+            f"resize to {height} x {width} (H x W) of an array of shape {list(x.shape)} ({layout}) makes {work.name} "
+            f"arrays of {size_text(needed)}, more than the {size_text(limit)} a resize may allocate: resize to the "
+            f"model's input size (e.g. 224 x 224), or pass max_bytes= to allow more",
+            limit=limit,
+            needed=needed,
+        )
+    y = x.astype(work, copy=False)
     y = _resize_axis(y, h_axis % y.ndim, height)
     y = _resize_axis(y, w_axis % y.ndim, width)
     return y.copy() if y is x else y

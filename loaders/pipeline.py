@@ -13,8 +13,8 @@ contradicts it (pixels already in [0, 1] into a pipeline that divides by 255, or
 
 from __future__ import annotations
 
-import json
 import math
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +22,9 @@ from typing import Any
 import numpy as np
 
 from .errors import ConfigError, DataError
-from .preprocess import Preprocess, divisor, parse_normalize, parse_scale
+from .imagedecode import IMAGE_MAX_PIXELS
+from .preprocess import CHANNELS_MAX, Preprocess, divisor, parse_normalize, parse_scale
+from .values import bounded_json, count, number
 
 PIPELINE_VERSION = 1
 LAYOUTS = ("nchw", "nhwc")
@@ -80,28 +82,76 @@ def array_facts(x, source: str = "<data>") -> DataFacts:
 
 
 def _pair(v, what: str) -> tuple[int, int] | None:
+    """[height, width]: two whole numbers >= 1 whose product is at most IMAGE_MAX_PIXELS, the most pixels of an
+    image read here (a resize to more would make images larger than any the readers decode, before the crop)."""
     if v is None:
         return None
-    try:
-        dims = tuple(int(d) for d in v)
-        ok = len(dims) == 2 and all(d >= 1 and d == e for d, e in zip(dims, v))
-    except (TypeError, ValueError):
-        ok = False
+    dims = _items(v)
+    ok = dims is not None and len(dims) == 2 and all(_whole(d) and d >= 1 for d in dims)
     if not ok:
-        raise ConfigError(f"input pipeline {what} must be two positive integers [height, width], got {v!r}")
-    return dims
+        raise ConfigError(
+            f"input pipeline {what} must be two positive integers [height, width], got {_shown(v)}"
+        )
+    h, w = (count(int(d), f"input pipeline {what}", lo=1, hi=IMAGE_MAX_PIXELS) for d in dims)
+    if h * w > IMAGE_MAX_PIXELS:
+        raise ConfigError(
+            f"input pipeline {what} [{h}, {w}] is {h * w} pixels, more than the {IMAGE_MAX_PIXELS} of the largest "
+            f"image read here: give the model's input size (e.g. [224, 224])"
+        )
+    return h, w
+
+
+_FIX = {
+    "scale": "give e.g. 1/255 (0.00392...) for 8-bit pixels",
+    "mean": "give the mean of the scaled values, e.g. 0.5 (one value, or one per channel)",
+    "std": "give their standard deviation, e.g. 0.25 (one value, or one per channel)",
+    "range": "give the raw values' [low, high], e.g. [0, 255] or [0, 1]",
+}
 
 
 def _floats(v, what: str) -> tuple[float, ...] | None:
+    """One number or a list of them (at most CHANNELS_MAX), each finite and of a size float32 holds."""
     if v is None:
         return None
+    items = _items(v)
+    items = [v] if items is None else items
+    if not items or len(items) > CHANNELS_MAX:
+        raise ConfigError(
+            f"input pipeline {what} must be a number or a list of 1 to {CHANNELS_MAX} numbers, got {_shown(v)}"
+        )
+    if not all(isinstance(x, numbers.Real) and not isinstance(x, bool) and _finite(x) for x in items):
+        raise ConfigError(f"input pipeline {what} must be finite numbers, got {_shown(v)}")
+    return tuple(number(x, f"input pipeline {what}", fix=_FIX[what]) for x in items)
+
+
+def _items(v: Any) -> list | None:
+    """The elements of a list, a tuple or a 1-D array; None for anything else (a scalar)."""
+    if isinstance(v, np.ndarray):
+        return v.tolist() if v.ndim == 1 else None
+    return list(v) if isinstance(v, (list, tuple)) else None
+
+
+def _finite(x: numbers.Real) -> bool:
     try:
-        vals = tuple(float(x) for x in (v if isinstance(v, (list, tuple)) else [v]))
-    except (TypeError, ValueError):
-        vals = ()
-    if not vals or not all(math.isfinite(x) for x in vals):
-        raise ConfigError(f"input pipeline {what} must be finite numbers, got {v!r}")
-    return vals
+        return math.isfinite(x)
+    except OverflowError:  # an int too large for a float is finite; number() refuses its size
+        return True
+
+
+def _whole(d: Any) -> bool:
+    """A whole number: an int (not a bool), or a float with no fraction (224.0, as a computed size may be)."""
+    if isinstance(d, bool) or not isinstance(d, numbers.Real):
+        return False
+    return isinstance(d, numbers.Integral) or float(d).is_integer()
+
+
+def _shown(v: Any) -> str:
+    """A value in a message, cut short when it is long."""
+    try:
+        text = repr(v)
+    except ValueError:  # holds an int of more digits than Python converts to text
+        text = f"a {type(v).__name__} holding an integer too long to show"
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 class InputPipeline:
@@ -128,31 +178,105 @@ class InputPipeline:
         self.raw_dtype = None if raw_dtype is None else _dtype_name(raw_dtype, "raw_dtype")
         if raw_dtype is not None and self.raw_dtype not in _RAW_DTYPES:
             raise ConfigError(
-                f"input pipeline raw_dtype must be one of {', '.join(_RAW_DTYPES)}, got {raw_dtype!r}"
+                f"input pipeline raw_dtype must be one of {', '.join(_RAW_DTYPES)}, got {_shown(raw_dtype)}"
             )
-        if layout is not None and layout not in LAYOUTS:
-            raise ConfigError(f"input pipeline layout must be 'nchw' or 'nhwc', got {layout!r}")
+        if layout is not None and (not isinstance(layout, str) or layout not in LAYOUTS):
+            raise ConfigError(f"input pipeline layout must be 'nchw' or 'nhwc', got {_shown(layout)}")
         self.layout = layout
         self.size, self.crop = _pair(size, "size"), _pair(crop, "crop")
         if self.crop and self.size and (self.crop[0] > self.size[0] or self.crop[1] > self.size[1]):
             raise ConfigError(
                 f"input pipeline crop {list(self.crop)} is larger than the resize {list(self.size)}"
             )
+        if isinstance(scale, (list, tuple, np.ndarray)) and len(scale) != 1:
+            raise ConfigError(f"input pipeline scale must be one number, got {_shown(scale)}")
         self.scale = None if scale is None else _floats(scale, "scale")[0]
         if self.scale is not None and self.scale <= 0:
-            raise ConfigError(f"input pipeline scale must be > 0, got {scale!r}")
+            raise ConfigError(f"input pipeline scale must be > 0, got {_shown(scale)}")
         self.mean, self.std = _floats(mean, "mean"), _floats(std, "std")
         if self.std is not None and min(self.std) <= 0:
-            raise ConfigError(f"input pipeline std must be > 0, got {std!r}")
+            raise ConfigError(f"input pipeline std must be > 0, got {_shown(std)}")
+        if self.mean is not None and self.std is not None and 1 not in (len(self.mean), len(self.std)):
+            if len(self.mean) != len(self.std):
+                raise ConfigError(
+                    f"input pipeline mean has {len(self.mean)} values and std {len(self.std)}: give one value of "
+                    f"each for every channel, or as many of each as the model's input has channels"
+                )
         self.range = _floats(range, "range")
         if self.range is not None and (len(self.range) != 2 or self.range[0] >= self.range[1]):
-            raise ConfigError(f"input pipeline range must be [low, high] with low < high, got {range!r}")
+            raise ConfigError(
+                f"input pipeline range must be [low, high] with low < high, got {_shown(range)}"
+            )
         arithmetic = self.scale is not None or self.mean is not None or self.std is not None
         if arithmetic and np.dtype(self.dtype).kind != "f":
             raise ConfigError(
                 f"the model's input takes {self.dtype} values (token ids or indices): scale, mean and std apply to "
                 f"float inputs only"
             )
+        self._check_arithmetic()
+
+    def _check_arithmetic(self) -> None:
+        """The steps on the raw values the pipeline expects (its range, else its raw integer type's, else 0, which
+        nearly every data has) stay finite in the model's float type: a pipeline whose outputs would be inf or NaN
+        is refused, naming the step. Computed as Preprocess computes them, on the range's ends (each step is
+        monotonic in x), and in float64 for the message."""
+        if np.dtype(self.dtype).kind != "f":
+            return
+        bounds = self.expected_range()
+        if bounds is None and self.raw_dtype is not None and np.dtype(self.raw_dtype).kind in "iu":
+            info = np.iinfo(self.raw_dtype)
+            bounds = (float(info.min), float(info.max))
+        raw = (
+            "a raw value of 0"
+            if bounds is None
+            else f"the raw values {bounds[0]:g}..{bounds[1]:g} it expects"
+        )
+        dt = np.dtype(self.dtype)
+        most = float(np.finfo(dt).max)
+        wide = np.clip(np.array(bounds or (0.0, 0.0), dtype=np.float64), -most, most).reshape(2, 1)
+        x = wide.astype(dt)
+        k = divisor(self.scale)
+        steps = (
+            ("scale", self.scale, lambda x, t: x / t.type(k) if k else x * t.type(self.scale)),
+            ("mean", self.mean, lambda x, t: x - np.asarray(self.mean, dtype=t)),
+            ("std", self.std, lambda x, t: x / np.asarray(self.std, dtype=t)),
+        )
+        self._check_factor(dt, k)
+        with np.errstate(all="ignore"):
+            for key, value, step in steps:
+                if value is None:
+                    continue
+                x, wide = step(x, dt), step(wide, np.dtype(np.float64))
+                if not np.isfinite(x).all():
+                    shown = value if key == "scale" else list(value)
+                    to = f"to {float(np.max(np.abs(wide))):.3g}, beyond what {self.dtype} holds ({most:.3g})"
+                    if key == "std" and not np.asarray(value, dtype=dt).all():
+                        to = f"through a division by 0: {self.dtype} holds no std so small"
+                    raise ConfigError(
+                        f"input pipeline {key} {shown} takes {raw} {to}: its outputs would be inf or NaN; {_FIX[key]}"
+                    )
+
+    def _check_factor(self, dt: np.dtype, k: int | None) -> None:
+        """The scale's divisor (or factor), the means and the stds are numbers the model's float type holds: a
+        divisor of inf (65535 in float16), a factor of 0 (1e-30 in float16) or a std of inf would make every
+        output the same."""
+        with np.errstate(all="ignore"):
+            factor = None if self.scale is None else dt.type(k or self.scale)
+            held = {
+                key: np.asarray(getattr(self, key), dtype=dt) for key in ("mean", "std") if getattr(self, key)
+            }
+        if factor is not None and not (np.isfinite(factor) and factor != 0):
+            how = f"divides by {k}" if k else f"multiplies by {self.scale:g}"
+            raise ConfigError(
+                f"input pipeline scale {self.scale:g} {how}, which {dt.name} holds as {factor}: every output would "
+                f"be the same; {_FIX['scale']}, or a model of a wider float type for such data"
+            )
+        for key, values in held.items():
+            if not np.isfinite(values).all():
+                raise ConfigError(
+                    f"input pipeline {key} {list(getattr(self, key))} is beyond what {dt.name} holds "
+                    f"({float(np.finfo(dt).max):.3g}); {_FIX[key]}"
+                )
 
     # ---- the declaration ---------------------------------------------------------------------------------------
     @property
@@ -178,24 +302,21 @@ class InputPipeline:
     @classmethod
     def from_json(cls, spec: Any, source: str = "the input pipeline") -> InputPipeline:
         """A pipeline from to_json()'s dict (or its JSON text); ConfigError naming `source` and the fault."""
-        try:
-            if isinstance(spec, (str, bytes)):
-                spec = json.loads(spec)
-        except ValueError as e:
-            raise ConfigError(f"{source}: the input pipeline is not JSON ({e})") from None
+        if isinstance(spec, (str, bytes, bytearray)):
+            spec = bounded_json(spec, f"{source}: the input pipeline")
         if not isinstance(spec, Mapping):
             raise ConfigError(
                 f"{source}: the input pipeline must be a JSON object, got {type(spec).__name__}"
             )
-        unknown = sorted(set(spec) - set(_KEYS))
+        unknown = sorted(_shown(k) if not isinstance(k, str) else k for k in spec if k not in _KEYS)
         if unknown:
             raise ConfigError(
-                f"{source}: the input pipeline has unknown keys {unknown}; it knows {list(_KEYS)}"
+                f"{source}: the input pipeline has unknown keys {unknown[:10]}; it knows {list(_KEYS)}"
             )
         version = spec.get("version", PIPELINE_VERSION)
-        if version != PIPELINE_VERSION:
+        if isinstance(version, bool) or version != PIPELINE_VERSION:
             raise ConfigError(
-                f"{source}: input pipeline version {version!r}; this edgetrain reads version {PIPELINE_VERSION}: "
+                f"{source}: input pipeline version {_shown(version)}; this edgetrain reads version {PIPELINE_VERSION}: "
                 f"update edgetrain"
             )
         try:
@@ -225,17 +346,33 @@ class InputPipeline:
         rng = None if input_range is None else parse_range(input_range)
         if raw_dtype is None and divisor(factor) == 255:
             raw_dtype = "uint8"
-        return cls(
-            dtype=dtype,
-            raw_dtype=raw_dtype,
-            layout=layout,
-            size=size,
-            crop=crop,
-            scale=factor,
-            mean=mean,
-            std=std,
-            range=rng,
-        )
+        given = {
+            "--scale": scale,
+            "--normalize": normalize,
+            "--layout": layout,
+            "--input-range": input_range,
+            "--resize": size,
+            "--crop": crop,
+        }
+        for option, field in (("--resize", "size"), ("--crop", "crop")):
+            try:
+                _pair(given[option], field)
+            except ConfigError as e:
+                raise ConfigError(f"{_options({option: given[option]})}: {e}") from None
+        try:
+            return cls(
+                dtype=dtype,
+                raw_dtype=raw_dtype,
+                layout=layout,
+                size=size,
+                crop=crop,
+                scale=factor,
+                mean=mean,
+                std=std,
+                range=rng,
+            )
+        except ConfigError as e:  # a check of the options together: named as they were given
+            raise ConfigError(f"{_options(given)}: {e}") from None
 
     def describe(self) -> str:
         """One line a person reads: 'uint8 0..255, channels-last, x / 255, then (x - 0.5) / 0.25 per channel'."""
@@ -316,22 +453,45 @@ class InputPipeline:
         return Preprocess(adapter, scale=self.scale, mean=self.mean, std=self.std, dtype=self.dtype)
 
 
+def _options(given: dict[str, Any]) -> str:
+    """The options given, as written on the command line: '--resize 8,8 --crop 4,4'."""
+    words = []
+    for option, value in given.items():
+        if value is None:
+            continue
+        if isinstance(value, (list, tuple)):
+            value = ",".join(_shown(v) for v in value)
+        words.append(f"{option} {_shown(value) if not isinstance(value, str) else value[:60]}")
+    return " ".join(words)
+
+
 def _dtype_name(v, what: str) -> str:
-    try:
-        return np.dtype(v).name
-    except TypeError:
-        raise ConfigError(f"input pipeline {what} must be a numpy dtype name, got {v!r}") from None
+    """The name of a numeric numpy dtype (bool, integers, floats) given by its name or as a dtype."""
+    dt = None
+    if isinstance(v, str) and len(v) <= 32 or isinstance(v, (np.dtype, type)):
+        try:
+            dt = np.dtype(v)
+        except (TypeError, ValueError):
+            dt = None
+    if dt is None or dt.kind not in "biuf" or dt.fields is not None or dt.subdtype is not None:
+        raise ConfigError(
+            f"input pipeline {what} must be a numpy dtype name (e.g. float32, uint8), got {_shown(v)}"
+        )
+    return dt.name
 
 
 def parse_range(text: str) -> tuple[float, float]:
-    """'0,255' or '0,1' or '-1,1' -> (low, high)."""
+    """--input-range '0,255' or '0,1' or '-1,1' -> (low, high), each finite and of a size float32 holds."""
+    forms = "expected LOW,HIGH (e.g. 0,255 or 0,1)"
     parts = text.split(",")
     try:
         lo, hi = (float(p) for p in parts)
     except ValueError:
-        raise ConfigError(f"input range {text!r}: expected LOW,HIGH (e.g. 0,255 or 0,1)") from None
+        raise ConfigError(f"--input-range {text!r}: {forms}") from None
     if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
-        raise ConfigError(f"input range {text!r}: expected finite LOW < HIGH (e.g. 0,255 or 0,1)")
+        raise ConfigError(f"--input-range {text!r}: expected finite LOW < HIGH (e.g. 0,255 or 0,1)")
+    for value in (lo, hi):
+        number(value, f"--input-range {text!r}: the value", fix=forms)
     return lo, hi
 
 

@@ -25,6 +25,7 @@ from edgetrain.core.paths import same_file
 from edgetrain.runtime.feeding import DataOptions, parse_options
 from edgetrain.runtime.schedules import ConstantLR, CosineLR, StepLR, WarmupLR
 from loaders import parse_normalize, parse_scale
+from loaders.values import number
 
 from .common import default_checkpoint
 from .names import flag
@@ -85,6 +86,11 @@ class ScheduleConfig:
             nums = [float(v) for v in values]
         except ValueError:
             raise UsageError(f"--lr-schedule {text}: the values after ':' must be numbers") from None
+        try:
+            for v in nums:
+                number(v, f"--lr-schedule {text}: the value")
+        except ConfigError as e:
+            raise UsageError(str(e)) from None
         if kind == "constant" and not nums:
             schedule = ConstantLR()
         elif kind == "step" and 1 <= len(nums) <= 2 and nums[0] == int(nums[0]) and nums[0] >= 1:
@@ -204,6 +210,15 @@ class RunConfig:
             raise UsageError("give --val-data or --val-split, not both")
         if d.val_split is not None and not 0 < d.val_split < 1:
             raise UsageError(f"--val-split must lie between 0 and 1, got {d.val_split}")
+        for option, value, fix in (
+            ("--val-split", d.val_split, "give e.g. 0.1"),
+            ("--lr", self.schedule.lr, "give e.g. 0.01"),
+        ):
+            if value is not None:
+                try:
+                    number(value, option, fix=fix)
+                except ConfigError as e:
+                    raise UsageError(str(e)) from None
         for dest in ("epochs", "checkpoint_every", "early_stopping"):
             value = getattr(self, dest)
             if value is not None and value < 1:
@@ -214,6 +229,23 @@ class RunConfig:
             raise UsageError("--early-stopping needs validation data: --val-data PATH or --val-split F")
         self.schedule.make(1)  # its text, read now: a misspelt --lr-schedule stops the run before it starts
         d.reading.data_options()
+
+
+def _shown(value: Any) -> str:
+    """A recorded value in a message, cut short when it is long."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int of more digits than Python converts to text
+        text = f"an integer of {value.bit_length()} bits"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _finite(value: float) -> bool:
+    """A finite float, or an int a float holds (a recorded 10**400 is no learning rate any run records)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def _checked(recorded: Mapping[str, Any], source: str) -> dict[str, Any]:
@@ -234,13 +266,13 @@ def _checked(recorded: Mapping[str, Any], source: str) -> dict[str, Any]:
         elif key in _INTS:
             ok = isinstance(value, int) and not isinstance(value, bool)
         elif key in _FLOATS:
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and _finite(value)
             value = float(value) if ok else value
         else:
             ok = isinstance(value, str)
         if not ok:
             raise ArtifactError(
-                f"{source}: its recorded {flag(key)} is {value!r}, which no edgetrain run records there; "
+                f"{source}: its recorded {flag(key)} is {_shown(value)}, which no edgetrain run records there; "
                 f"start a new run from its weights with --init-from"
             )
         out[key] = value

@@ -10,19 +10,28 @@ with argparse alone (`edgetrain --help` loads nothing else)."""
 from __future__ import annotations
 
 import argparse
+import re
 
 from .names import DEFAULT_LR, LOSSES
 
 DATA_FORMATS = "an MNIST directory or idx pair, .npz or .csv"
 
 
+_SIZE = re.compile(r"\s*([0-9]+)\s*(?:[x,]\s*([0-9]+)\s*)?", re.ASCII)
+
+
 def hw(text: str) -> tuple[int, int]:
-    """--resize/--crop H,W (or HxW, or one size for both) -> (H, W)."""
-    parts = text.replace("x", ",").split(",")
-    try:
-        h, w = (int(p) for p in parts) if len(parts) == 2 else (int(parts[0]),) * 2
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not HEIGHT,WIDTH (e.g. 224,224) or one size") from None
+    """--resize/--crop H,W (or HxW, or one size for both) -> (H, W); anything else (a third size, a sign, a
+    fraction) is refused, never read as part of it."""
+    if len(text) > 40:  # longer than any size an image has: refused before its digits are read
+        raise argparse.ArgumentTypeError(f"'{text[:37]}...' is too long for HEIGHT,WIDTH (e.g. 224,224)")
+    m = _SIZE.fullmatch(text)
+    if m is None:
+        raise argparse.ArgumentTypeError(
+            f"'{text}' is not HEIGHT,WIDTH (e.g. 224,224 or 224x224) or one size for both (224)"
+        )
+    h = int(m[1])
+    w = h if m[2] is None else int(m[2])
     if h < 1 or w < 1:
         raise argparse.ArgumentTypeError(f"'{text}': sizes must be positive")
     return h, w

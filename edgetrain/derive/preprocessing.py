@@ -13,6 +13,9 @@ import numpy as np
 from edgetrain.core.errors import ModelError
 from edgetrain.core.ir import Graph
 from loaders import ConfigError, InputPipeline
+from loaders.imageops import RESIZE_MAX_BYTES
+from loaders.limits import size_text
+from loaders.values import bounded_json
 
 PREPROCESSING_KEY = "edgetrain.preprocessing"  # metadata_props: the pipeline the app must apply
 IN_GRAPH_KEY = "edgetrain.preprocessing_in_graph"  # ... the pipeline the model's own first nodes apply
@@ -22,7 +25,8 @@ def declared_pipeline(graph: Graph, given: Any) -> tuple[dict[str, Any] | None, 
     """(the pipeline's JSON for the artifact, or None when none is declared; notes for the user)."""
     notes: list[str] = []
     source = "preprocessing="
-    text = graph.metadata.get(PREPROCESSING_KEY)
+    text = _metadata_pipeline(graph)
+    _check_given(given)
     if given is None:
         if text is None:
             if IN_GRAPH_KEY in graph.metadata:
@@ -64,13 +68,35 @@ def declared_pipeline(graph: Graph, given: Any) -> tuple[dict[str, Any] | None, 
     return pipeline.to_json(), notes
 
 
-def _merged(text: str, given: Any) -> dict[str, Any]:
+def _metadata_pipeline(graph: Graph) -> Any:
+    """The pipeline's JSON value in the model's metadata (None when it has none), read within bounded_json's depth
+    and size: a ModelError naming the key otherwise."""
+    text = graph.metadata.get(PREPROCESSING_KEY)
+    if text is None:
+        return None
+    try:
+        return bounded_json(text, f"the model's metadata '{PREPROCESSING_KEY}'")
+    except ConfigError as e:
+        raise ModelError(
+            f"{e}: export the model again, or declare its pipeline with the preprocessing options"
+        ) from None
+
+
+def _check_given(given: Any) -> None:
+    if given is not None and not isinstance(given, (InputPipeline, Mapping, str, bytes)):
+        raise ModelError(
+            f"preprocessing= must be a loaders.InputPipeline, its JSON dict or JSON text, not a "
+            f"{type(given).__name__}"
+        )
+
+
+def _merged(text: Any, given: Any) -> dict[str, Any]:
     try:
         own = InputPipeline.from_json(text, source=f"the model's metadata '{PREPROCESSING_KEY}'").to_json()
         ask = (
             given.to_json()
             if isinstance(given, InputPipeline)
-            else InputPipeline.from_json(dict(given)).to_json()
+            else InputPipeline.from_json(given if isinstance(given, (str, bytes)) else dict(given)).to_json()
         )
     except (ConfigError, TypeError) as e:
         raise ModelError(f"{e}") from None
@@ -116,6 +142,7 @@ def _check_fits(graph: Graph, pipeline: InputPipeline) -> None:
             f"{shape[2]}x{shape[3]} (input '{name}'): add --crop {shape[2]},{shape[3]}, or resize to the input size"
         )
     channels = shape[1] if image else None
+    _check_resize_bytes(pipeline, name, channels)
     for key in ("mean", "std"):
         v = getattr(pipeline, key)
         if v is not None and len(v) != 1 and isinstance(channels, int) and len(v) != channels:
@@ -123,3 +150,22 @@ def _check_fits(graph: Graph, pipeline: InputPipeline) -> None:
                 f"--normalize gives {len(v)} {key} values; input '{name}' has {channels} channels: give one value "
                 f"or {channels}"
             )
+
+
+def _check_resize_bytes(pipeline: InputPipeline, name: str, channels: Any) -> None:
+    """The image a resize makes (channels x H x W in float32, as the image readers compute it; a channel count the
+    model leaves open counts as 1) must be one imageops.resize allocates: refused here, before any is made."""
+    if pipeline.size is None:
+        return
+    h, w = pipeline.size
+    needed = (channels if isinstance(channels, int) and channels > 0 else 1) * h * w * 4
+    if needed > RESIZE_MAX_BYTES:
+        raise ModelError(
+            f"--resize {h},{w}: input '{name}' has {channels} channels, so each resized image is "
+            f"{size_text(needed)} in float32, more than the {size_text(RESIZE_MAX_BYTES)} a resize may allocate: "
+            f"resize to the model's input size {_hw_text(pipeline)} or near it"
+        )
+
+
+def _hw_text(pipeline: InputPipeline) -> str:
+    return f"{pipeline.crop[0]}x{pipeline.crop[1]}" if pipeline.crop else "(its height and width)"

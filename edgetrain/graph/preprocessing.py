@@ -98,6 +98,11 @@ def _raw_steps(b: GraphBuilder, x: str, info: TensorInfo, pipeline: Any) -> str:
         )
     if pipeline.crop is not None:
         h, w = pipeline.size or info.shape[2:4]
+        if not all(isinstance(d, (int, np.integer)) for d in (h, w)):
+            raise UnsupportedError(
+                f"a center crop needs the image's height and width: the pipeline resizes to none, and the model's "
+                f"input has shape {list(info.shape)}; declare --resize H,W with the crop"
+            )
         top, left = crop_box((int(h), int(w)), pipeline.crop)  # where the image readers' crop puts the window
         starts = b.initializer("crop_start", np.array([top, left]))
         ends = b.initializer("crop_end", np.array([top + pipeline.crop[0], left + pipeline.crop[1]]))
