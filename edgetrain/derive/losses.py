@@ -12,9 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from edgetrain.core.errors import UnsupportedError
+from edgetrain.core.errors import ConfigError, UnsupportedError
 from edgetrain.core.ir import TensorInfo
 from edgetrain.core.ops import record
+from loaders.values import count
 
 from .autodiff.context import GradContext
 from .autodiff.rules.math import cross_entropy_graph
@@ -55,6 +56,14 @@ class ILoss(ABC):
         return g.op(op, per_element, keepdims=0, name="loss")
 
 
+def _label(value: Any, name: str) -> int:
+    """A class label given to a loss (ignore_index): a whole number an int64 target holds."""
+    try:
+        return count(value, name, lo=-(2**63), hi=2**63 - 1)
+    except ConfigError as e:
+        raise UnsupportedError(f"{e}: give a whole number, e.g. {name}=-100") from None
+
+
 def _check_reduction(reduction: str) -> str:
     if reduction not in REDUCTIONS:
         raise UnsupportedError(
@@ -86,7 +95,7 @@ class CrossEntropyLoss(ILoss):
         if not 0.0 <= label_smoothing <= 1.0:
             raise UnsupportedError(f"label_smoothing={label_smoothing} must be between 0 and 1")
         self.label_smoothing = float(label_smoothing)
-        self.ignore_index = None if ignore_index is None else int(ignore_index)
+        self.ignore_index = None if ignore_index is None else _label(ignore_index, "ignore_index")
         if class_axis != "auto" and (
             isinstance(class_axis, bool) or not isinstance(class_axis, (int, np.integer))
         ):

@@ -10,9 +10,10 @@ from typing import Any
 
 import numpy as np
 
-from edgetrain.core.errors import UnsupportedError
+from edgetrain.core.errors import ConfigError, UnsupportedError
 from edgetrain.core.ir import TensorInfo
 from edgetrain.core.kernels.cast import onnx_type
+from loaders.values import number
 
 from .autodiff.context import GradContext
 
@@ -97,12 +98,20 @@ def _clip_by_global_norm(g: TrainingContext, grads: list[str], max_norm: float) 
     return [g.op("Mul", d, coef) for d in grads]
 
 
-def _check(name: str, value: float, *, low: float = 0.0, high: float | None = None) -> float:
-    value = float(value)
-    if value < low or (high is not None and value >= high):
+def _check(
+    name: str, value: float, *, low: float = 0.0, high: float | None = None, positive: bool = False
+) -> float:
+    """A hyperparameter: a finite real number (not a bool or a string) that float32 holds, >= low (> 0 when
+    positive) and < high; an UnsupportedError naming it otherwise (a step computes with it in float32: an infinite
+    or NaN rate, momentum or epsilon would make every parameter NaN from the first step)."""
+    try:
+        v = number(value, name, positive=positive)
+    except ConfigError as e:
+        raise UnsupportedError(f"{e}: give a finite number (e.g. {name}=0.01)") from None
+    if v < low or (high is not None and v >= high):
         bound = f"in [{low}, {high})" if high is not None else f">= {low}"
-        raise UnsupportedError(f"{name}={value} is out of range: it must be {bound}")
-    return value
+        raise UnsupportedError(f"{name}={v} is out of range: it must be {bound}")
+    return v
 
 
 class SGD(IOptimizer):
@@ -128,7 +137,9 @@ class SGD(IOptimizer):
             raise UnsupportedError(
                 "nesterov=True needs momentum > 0 and dampening = 0 (as in torch.optim.SGD)"
             )
-        self.clip_grad_norm = None if clip_grad_norm is None else _check("clip_grad_norm", clip_grad_norm)
+        self.clip_grad_norm = (
+            None if clip_grad_norm is None else _check("clip_grad_norm", clip_grad_norm, positive=True)
+        )
 
     def make(self, g: TrainingContext, weight: str, grad: str) -> str:
         d = grad
@@ -180,9 +191,11 @@ class Adam(IOptimizer):
     ):
         self.lr = _check("lr", lr)
         self.betas = (_check("betas[0]", betas[0], high=1.0), _check("betas[1]", betas[1], high=1.0))
-        self.eps = _check("eps", eps)
+        self.eps = _check("eps", eps, positive=True)
         self.weight_decay = _check("weight_decay", weight_decay)
-        self.clip_grad_norm = None if clip_grad_norm is None else _check("clip_grad_norm", clip_grad_norm)
+        self.clip_grad_norm = (
+            None if clip_grad_norm is None else _check("clip_grad_norm", clip_grad_norm, positive=True)
+        )
 
     def make(self, g: TrainingContext, weight: str, grad: str) -> str:
         b1, b2 = self.betas

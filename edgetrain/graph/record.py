@@ -23,6 +23,7 @@ from edgetrain.core.errors import ArtifactError, ArtifactLimitError
 from edgetrain.core.ir import Graph
 from edgetrain.core.plan import MemoryPlan
 from edgetrain.core.serialize import graph_to_dict
+from loaders.values import FLOAT32_MAX
 
 from .fields import (
     NOTHING,
@@ -176,7 +177,7 @@ class OptimizerRecord:
 
     config: dict[str, Any]
     type: str = spec(Text(), label="optimizer's type")
-    lr: float = spec(Real(), label="learning rate", says=SAYS_NUMBER, default=0.0)
+    lr: float = spec(Real(below=FLOAT32_MAX), label="learning rate", says=SAYS_NUMBER, default=0.0)
     clip_grad_norm: float | None = spec(
         Optional(Real()), label="clip_grad_norm", says=SAYS_NUMBER, default=None
     )

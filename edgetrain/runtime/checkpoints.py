@@ -36,6 +36,7 @@ from edgetrain.graph.fields import (
     spec,
     to_json,
 )
+from loaders.values import FLOAT32_MAX
 
 from .fused import finite
 
@@ -58,7 +59,7 @@ class CheckpointRecord:
     program_id: str = spec(Text(), label="program_id", says=SAYS_NUMBER, required=False)
     artifact: str = spec(Text(), label="artifact name", says=SAYS_NUMBER, default="")
     step: int = spec(Count(0), label="step count", says=SAYS_NUMBER, required=False)
-    lr: float = spec(Real(), label="learning rate", says=SAYS_NUMBER, required=False)
+    lr: float = spec(Real(below=FLOAT32_MAX), label="learning rate", says=SAYS_NUMBER, required=False)
     user_state: dict[str, Any] = spec(UserState(), label="user_state", default={})
     preprocessing: dict[str, Any] | None = spec(Optional(Obj()), label="input pipeline", default=None)
 

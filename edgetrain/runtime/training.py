@@ -21,6 +21,7 @@ from edgetrain.core.interpreter import Interpreter
 from edgetrain.core.mapped import release_pages
 from edgetrain.graph.prefix import split_step
 from edgetrain.graph.sections import PreprocessingSection
+from loaders.values import FLOAT32_MAX
 
 from . import batches, checkpoints, exporting, steps
 from .artifact import load_artifact
@@ -184,8 +185,10 @@ class TrainingSession:
     @lr.setter
     def lr(self, value: float) -> None:
         value = float(value)
-        if not np.isfinite(value) or value < 0:
-            raise FeedError(f"the learning rate must be a finite number >= 0, not {value}")
+        if not np.isfinite(value) or not 0 <= value < FLOAT32_MAX:  # the step computes in float32
+            raise FeedError(
+                f"the learning rate must be a finite number >= 0 (that float32 holds), not {value}"
+            )
         self._lr = value
 
     @property

@@ -506,3 +506,65 @@ def test_a_valid_rank_converts_as_before(rank):
     """The bounds leave what worked alone: the LeNet's classifiers take ranks up to their smallest side."""
     art = _convert(MODELS["lenet"][0](), adapters=et.LoRA(rank=rank, alpha=2.0 * rank))
     assert art.initial["fc3.lora_B"].shape == (rank, 10)
+
+
+NUMBERS = (
+    st.floats(allow_nan=True, allow_infinity=True)
+    | st.integers(-(10**40), 10**40)
+    | st.sampled_from([0, 1e-45, 1e-39, 3.5e38, "0.1", True, None, [0.1]])
+)
+
+
+def test_optimizer_and_loss_settings_are_checked_where_they_enter(report):
+    """Every hyperparameter an optimizer or loss takes: a finite number float32 holds (the step computes in float32),
+    in its range; a learning rate of NaN, infinity or 1e39, a string or a bool was taken before (issue 33)."""
+    tally = Tally("optimizer and loss settings")
+    cases = {
+        "SGD": (et.SGD, ["lr", "momentum", "weight_decay", "dampening", "clip_grad_norm"]),
+        "Adam": (et.Adam, ["lr", "eps", "weight_decay", "clip_grad_norm"]),
+        "AdamW": (et.AdamW, ["lr", "eps", "weight_decay", "clip_grad_norm"]),
+    }
+    values = [float("nan"), float("inf"), -float("inf"), 1e39, -1.0, "0.1", True, None, [0.1], 1e-45]
+    for name, (cls, keys) in cases.items():
+        for key in keys:
+            for v in values:
+                if v is None and key == "clip_grad_norm":
+                    continue  # None: no clipping
+                kwargs = {"lr": 0.01, key: v}
+                with tally.case(f"{name}({key}={v!r})", names=key):
+                    cls(**kwargs)
+        for betas in [(float("nan"), 0.9), (0.9, 1.0), (0.9, -0.1), ("0.9", 0.99)]:
+            if name != "SGD":
+                with tally.case(f"{name}(betas={betas!r})", names="betas"):
+                    cls(lr=0.01, betas=betas)
+        with tally.case(f"{name} with its defaults", accept=True):
+            cls(lr=0.01)
+    for v in [1.5, True, "x", 2**64, float("nan")]:
+        with tally.case(f"CrossEntropyLoss(ignore_index={v!r})", names="ignore_index"):
+            et.CrossEntropyLoss(ignore_index=v)
+    with tally.case("CrossEntropyLoss(ignore_index=-100)", accept=True):
+        assert et.CrossEntropyLoss(ignore_index=-100).ignore_index == -100
+    report("hostile inputs", tally.line())
+    tally.assert_clean()
+
+
+@settings(max_examples=150, deadline=None)
+@given(lr=NUMBERS, momentum=NUMBERS)
+def test_generated_sgd_settings_are_refused_or_taken_as_given(lr, momentum):
+    tally = Tally("SGD settings (generated)")
+    ok = _fine(lr) and _fine(momentum)
+    names = () if ok else ("lr" if not _fine(lr) else "momentum")
+    with tally.case(f"SGD(lr={lr!r}, momentum={momentum!r})", accept=ok, names=names):
+        opt = et.SGD(lr=lr, momentum=momentum)
+        assert (opt.lr, opt.momentum) == (float(lr), float(momentum))
+    tally.assert_clean()
+
+
+def _fine(v) -> bool:
+    return (
+        not isinstance(v, bool)
+        and isinstance(v, (int, float))
+        and math.isfinite(v)
+        and v >= 0
+        and (v == 0 or FLOAT32_TINY <= abs(v) <= FLOAT32_MAX)
+    )
