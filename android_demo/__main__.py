@@ -235,7 +235,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _text_command(args: argparse.Namespace, home) -> int:
     """add --sentences, evaluate --sentences and suggest, for a text home."""
-    from .app import AppError  # numpy loads with it: after main() has set the BLAS thread count
+    from loaders.text import read_sentences  # numpy loads with it: after main() has set the BLAS thread count
+
+    from .app import AppError  # as above
     from .text import TextHome, heldout_figures  # as above
 
     if not isinstance(home, TextHome):
@@ -245,16 +247,11 @@ def _text_command(args: argparse.Namespace, home) -> int:
         return 0
     if getattr(args, "data", None):
         raise UsageError("give --data or --sentences, not both")
-    try:
-        with open(args.sentences, encoding="utf-8") as f:
-            lines = [line.strip() for line in f if line.strip()]
-    except (OSError, UnicodeDecodeError) as e:
-        raise AppError(f"{args.sentences}: cannot read the sentences ({e})") from None
     if args.command == "add":
-        ids = home.add_sentences(lines)
+        ids = home.add_sentence_file(args.sentences)  # bounded, and stored a chunk at a time
         print(f"added {len(ids):,} sentences; the store holds {home.status()['samples']:,}")
     elif args.command == "evaluate":
-        fig = heldout_figures(home, lines)
+        fig = heldout_figures(home, read_sentences(args.sentences))
         if args.json:
             print(json.dumps(fig, allow_nan=False))
         else:
