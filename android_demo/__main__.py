@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from edgetrain.core.errors import EdgeTrainError, UsageError  # imports nothing: numpy is not loaded yet
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
+MAX_THREADS = 256  # home.MAX_THREADS, the threads setting's bound (home imports numpy, which must wait)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -117,16 +118,19 @@ def _add_serve(sub) -> None:
 
 
 def _threads(args: argparse.Namespace) -> None:
-    n = getattr(args, "command_threads", None) or args.threads
+    n = getattr(args, "command_threads", None)
+    n = args.threads if n is None else n
+    if n is not None and not 1 <= n <= MAX_THREADS:
+        raise SystemExit(f"android_demo: error: --threads must be from 1 to {MAX_THREADS}, got {n}")
     if n is None and args.home:
-        try:  # the home's setting, read without numpy
+        try:  # the home's setting, read without numpy (opening the home checks the file, and names a bad value)
             with open(os.path.join(args.home, "settings.json"), encoding="utf-8") as f:
-                n = json.load(f).get("threads")
-        except (OSError, ValueError):
-            n = None
+                found = json.loads(f.read(1 << 20))
+        except (OSError, ValueError, RecursionError):
+            found = None
+        n = found.get("threads") if isinstance(found, dict) else None
+        n = n if type(n) is int and 1 <= n <= MAX_THREADS else None
     if n is not None:
-        if n < 1:
-            raise SystemExit(f"android_demo: error: --threads must be at least 1, got {n}")
         for var in THREAD_VARIABLES:
             os.environ[var] = str(n)
 

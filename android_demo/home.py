@@ -36,8 +36,10 @@ from edgetrain.core.atomic import atomic_write
 from edgetrain.graph.sections import QuantizedSection
 from edgetrain.runtime.trainer import evaluate, session_batch
 from loaders import DataLoader, SampleStore
+from loaders.limits import read_capped
+from loaders.values import bounded_json, count, number
 
-from .policy import may_train
+from .policy import POLICIES, may_train
 
 ARTIFACT, STORE, CURRENT, SETTINGS, LOG = (
     "model.etrain",
@@ -66,6 +68,15 @@ DEFAULTS = {
     "preprocessing": None,
     "mode": "digits",  # what the home learns: "digits" (a classifier's samples) or "text" (android_demo.text)
 }
+
+
+MAX_STEPS = 1_000_000  # steps of one burst (the time bound usually ends it long before)
+MAX_SECONDS = 86_400.0  # seconds of one burst: a day
+MAX_THREADS = 256  # numpy's BLAS threads
+MAX_BATCH = 1 << 20  # samples a step (the artifact's batch is the most; this bounds the check's arithmetic)
+MAX_FEATURE_CACHE_MB = 1 << 16  # 64 GiB: more than any phone has
+MODES = ("digits", "text")
+HOME_JSON_MAX_BYTES = 1 << 20  # settings.json and current.json hold a few hundred bytes
 
 
 class AppError(et.ConfigError):
@@ -97,6 +108,64 @@ class BurstResult:
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), allow_nan=False)
+
+
+def _option(name: str) -> str:
+    return f"{name} (--{name.replace('_', '-')})"
+
+
+# the numeric settings: (values.py's check, its bounds, what would work); None is allowed for those in _OPTIONAL
+_NUMBERS = {
+    "max_steps": (count, {"lo": 1, "hi": MAX_STEPS}, "give a number of steps, e.g. 30"),
+    "max_seconds": (number, {"positive": True, "hi": MAX_SECONDS}, "give seconds, e.g. 5"),
+    "lr": (number, {"positive": True}, "give a learning rate such as 0.01 (or none: the artifact's)"),
+    "threads": (count, {"lo": 1, "hi": MAX_THREADS}, "give a number of threads, e.g. 1"),
+    "batch_size": (
+        count,
+        {"lo": 1, "hi": MAX_BATCH},
+        "give samples per step (or none: the artifact's batch)",
+    ),
+    "val_fraction": (number, {"lo": 0, "hi": 1}, "give the share held out for validation, e.g. 0.2"),
+    "feature_cache_mb": (number, {"lo": 0, "hi": MAX_FEATURE_CACHE_MB}, "give MiB, e.g. 16 (0: off)"),
+}
+_OPTIONAL = ("max_seconds", "lr", "batch_size")  # None: no time bound, the artifact's rate, its batch
+
+
+def _option(name: str) -> str:
+    return (
+        f"{name} (--{name.replace('_', '-')})" if name not in ("val_fraction", "feature_cache_mb") else name
+    )
+
+
+def check_setting(name: str, value: Any) -> Any:
+    """One setting's value, checked (loaders/values.py): a ConfigError naming it and saying what would work."""
+    if name in ("policy", "mode"):
+        choices = POLICIES if name == "policy" else MODES
+        if not isinstance(value, str) or value not in choices:
+            raise et.ConfigError(f"setting {name} {str(value)[:40]!r}: use one of {', '.join(choices)}")
+        return value
+    if name == "preprocessing":  # an InputPipeline's JSON, which InputPipeline checks when a session takes it
+        if value is not None and not isinstance(value, dict):
+            raise et.ConfigError(
+                f"setting preprocessing is a {type(value).__name__}: it is an object or null"
+            )
+        return value
+    if value is None and name in _OPTIONAL:
+        return None
+    check, bounds, fix = _NUMBERS[name]
+    return check(value, _option(name), fix=fix, **bounds)
+
+
+def checked_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """The settings with each value checked (a whole number of steps, seconds and a learning rate within float32,
+    a known policy, ...): an AppError naming the first that is not, and what would work; unknown names too."""
+    unknown = set(settings) - set(DEFAULTS)
+    if unknown:
+        raise AppError(f"unknown settings {sorted(unknown)}; known: {', '.join(DEFAULTS)}")
+    try:
+        return {k: check_setting(k, v) for k, v in settings.items()}
+    except et.ConfigError as e:
+        raise AppError(str(e)) from None
 
 
 def _cache_sentence(info: dict[str, Any]) -> str:
@@ -133,7 +202,7 @@ class BaseHome:
         self._lock = threading.RLock()  # bursts and settings
         self._feature_rows = None  # the frozen part's cached results, handed from burst to burst
         self._cache_lock = threading.Lock()  # the cached inference session: predictions go on during a burst
-        self.settings = {**DEFAULTS, **self._read_json(SETTINGS, {})}
+        self.settings = {**DEFAULTS, **self._settings_file()}
         self._session_cache: tuple[int, et.TrainingSession] | None = None
 
     # ---- setting up ----------------------------------------------------------------------------------------------
@@ -143,16 +212,14 @@ class BaseHome:
         path = os.path.abspath(os.fspath(path))
         if os.path.exists(os.path.join(path, CURRENT)):
             raise AppError(f"{path} is already an app home; pick another folder or delete this one")
-        unknown = set(settings) - set(DEFAULTS)
-        if unknown:
-            raise AppError(f"unknown settings {sorted(unknown)}; known: {', '.join(DEFAULTS)}")
+        settings = checked_settings({k: v for k, v in settings.items() if v is not None})
         sess = et.TrainingSession(artifact)  # refuses anything that is not a whole, valid artifact
         os.makedirs(os.path.join(path, VERSIONS), exist_ok=True)
         with open(artifact, "rb") as f:
             atomic_write(os.path.join(path, ARTIFACT), f.read())
         SampleStore(os.path.join(path, STORE)).close()
-        merged = {**DEFAULTS, **{k: v for k, v in settings.items() if v is not None}}
-        atomic_write(os.path.join(path, SETTINGS), json.dumps(merged, indent=2).encode())
+        merged = {**DEFAULTS, **settings}
+        atomic_write(os.path.join(path, SETTINGS), json.dumps(merged, indent=2, allow_nan=False).encode())
         atomic_write(os.path.join(path, CURRENT), json.dumps({"version": 0, "checkpoint": None}).encode())
         home = cls(path)
         home._log(
@@ -167,12 +234,13 @@ class BaseHome:
 
     def update_settings(self, **changes: Any) -> dict[str, Any]:
         """Changes settings (None leaves one as it is; reset_settings puts one back to its default)."""
-        unknown = set(changes) - set(DEFAULTS)
-        if unknown:
-            raise AppError(f"unknown settings {sorted(unknown)}; known: {', '.join(DEFAULTS)}")
+        changes = checked_settings({k: v for k, v in changes.items() if v is not None})
         with self._lock:
-            self.settings.update({k: v for k, v in changes.items() if v is not None})
-            atomic_write(os.path.join(self.path, SETTINGS), json.dumps(self.settings, indent=2).encode())
+            self.settings.update(changes)
+            atomic_write(
+                os.path.join(self.path, SETTINGS),
+                json.dumps(self.settings, indent=2, allow_nan=False).encode(),
+            )
         return dict(self.settings)
 
     def reset_settings(self, *names: str) -> dict[str, Any]:
@@ -181,7 +249,10 @@ class BaseHome:
             raise AppError(f"unknown settings {sorted(unknown)}; known: {', '.join(DEFAULTS)}")
         with self._lock:
             self.settings.update({k: DEFAULTS[k] for k in names})
-            atomic_write(os.path.join(self.path, SETTINGS), json.dumps(self.settings, indent=2).encode())
+            atomic_write(
+                os.path.join(self.path, SETTINGS),
+                json.dumps(self.settings, indent=2, allow_nan=False).encode(),
+            )
         return dict(self.settings)
 
     # ---- files ---------------------------------------------------------------------------------------------------
@@ -189,13 +260,38 @@ class BaseHome:
         return os.path.join(self.path, name)
 
     def _read_json(self, name: str, default: Any) -> Any:
+        """A home's JSON file (settings.json, current.json), read within HOME_JSON_MAX_BYTES and a nesting depth."""
+        path = self._file(name)
         try:
-            with open(self._file(name), encoding="utf-8") as f:
-                return json.load(f)
+            with open(path, "rb") as f:
+                raw, over = read_capped(f, HOME_JSON_MAX_BYTES)
         except FileNotFoundError:
             return default
-        except (OSError, ValueError) as e:
-            raise AppError(f"{self._file(name)} cannot be read ({e}); the home is damaged") from e
+        except OSError as e:
+            raise AppError(f"{path} cannot be read ({e}); the home is damaged") from e
+        if over:
+            raise AppError(
+                f"{path} holds over {HOME_JSON_MAX_BYTES} bytes, not the app's few; the home is damaged"
+            )
+        try:
+            return bounded_json(raw, path)
+        except et.ConfigError as e:
+            raise AppError(f"{e}; the home is damaged") from None
+
+    def _settings_file(self) -> dict[str, Any]:
+        """settings.json, each value checked: a damaged one is named, with the file, before anything uses it."""
+        found = self._read_json(SETTINGS, {})
+        if not isinstance(found, dict):
+            raise AppError(
+                f"{self._file(SETTINGS)} holds a JSON {type(found).__name__}, not the settings' object"
+            )
+        try:
+            return checked_settings(found)
+        except AppError as e:
+            raise AppError(
+                f"{self._file(SETTINGS)}: {e}; the home's settings are damaged: fix that value in the file (or "
+                "set it again with init's options on a new home)"
+            ) from None
 
     def _log(self, event: str, **fields: Any) -> None:
         line = json.dumps({"time": round(time.time(), 3), "event": event, **fields}, allow_nan=False)
@@ -292,11 +388,12 @@ class BaseHome:
         """One burst: train the current version on the store's training part for at most max_steps steps and
         max_seconds seconds, judge it on the validation part, and keep it as a new version only if validation did
         not get worse (accuracy; loss for regression) and everything stayed finite; else roll back."""
-        s = self.settings
-        max_steps = int(s["max_steps"] if max_steps is None else max_steps)
-        max_seconds = s["max_seconds"] if max_seconds is None else max_seconds
-        if max_steps < 1:
-            raise AppError(f"max_steps must be a positive number of steps, got {max_steps}")
+        asked = {"max_steps": max_steps, "max_seconds": max_seconds, "lr": lr, "batch_size": batch_size}
+        asked = checked_settings({k: v for k, v in asked.items() if v is not None})
+        s = checked_settings(self.settings)  # a setting changed in memory since it was read is checked too
+        max_steps = asked.get("max_steps", s["max_steps"])
+        max_seconds = asked.get("max_seconds", s["max_seconds"])
+        lr, batch_size = asked.get("lr"), asked.get("batch_size")
         allowed, why = (True, "forced") if force else may_train(s["policy"])
         if not allowed:
             return self._done(BurstResult(False, 0, None, None, self.version, 0.0, reason=why))
@@ -310,9 +407,7 @@ class BaseHome:
         if lr is not None or self.settings["lr"] is not None:
             sess.lr = float(lr if lr is not None else self.settings["lr"])
         batch, real = self._batch_sizes(sess, batch_size)
-        mb = self.settings["feature_cache_mb"] or 0
-        if isinstance(mb, bool) or not isinstance(mb, (int, float)) or not math.isfinite(mb) or mb < 0:
-            raise AppError(f"setting feature_cache_mb must be a number of MiB >= 0 (0: off), not {mb!r}")
+        mb = self.settings["feature_cache_mb"] or 0  # checked with the other settings by personalize
         if mb > 0:  # exact; a session of a fully trained model says why there is nothing to cache
             sess.enable_feature_cache(int(mb * 2**20), rows=self._feature_rows)
         else:
