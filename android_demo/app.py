@@ -16,7 +16,7 @@ from edgetrain.runtime.trainer import evaluate, session_batch
 from loaders import DataLoader
 from loaders.values import number
 
-from .home import AppError, BaseHome, BurstResult, json_number
+from .home import AppError, BaseHome, BurstResult, VersionError, json_number
 
 __all__ = ["AppError", "BurstResult", "Home"]
 
@@ -88,11 +88,12 @@ class Home(BaseHome):
         """The current model's output for samples [N, ...] (class probabilities for a classifier); with_version:
         (output, the version that computed it), read together so that a burst ending meanwhile cannot mislabel it."""
         with self._cache_lock:  # one interpreter: its buffers serve one run at a time
-            v = self.version
-            if self._session_cache is None or self._session_cache[0] != v:
-                self._session_cache = (v, self.session())
-            sess = self._session_cache[1]
+            v, sess = self._cached()
             out = np.asarray(sess.run(self._model_input(sess, np.asarray(x))), np.float64)
+        if not np.isfinite(out).all():
+            raise VersionError(
+                f"version {v} gives NaN or infinity for this sample: nothing is predicted. {self._kept_sentence(v)}"
+            )
         # logits become probabilities; a Softmax's output stays as the model gives it, an int8 model's too, whose
         # quantized probabilities sum to 1 only within its output's steps (a softmax of them would flatten them)
         if sess.num_classes is not None and not _ends_in_softmax(sess):
@@ -195,4 +196,8 @@ class Home(BaseHome):
         batch = session_batch(sess) or 32
         loader = DataLoader(feed.view, batch, batch_transform=feed.transform)
         loss, acc = evaluate(sess, loader, classification=sess.num_classes is not None)
+        if not np.isfinite(loss):
+            raise VersionError(
+                f"version {self.version} gives a loss of {loss} on {path} (NaN or infinity). {self._kept_sentence()}"
+            )
         return {"accuracy": json_number(acc), "loss": json_number(loss), "samples": feed.view.size()}

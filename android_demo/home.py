@@ -34,6 +34,7 @@ import numpy as np
 import edgetrain as et
 from edgetrain.core.atomic import atomic_write
 from edgetrain.graph.sections import QuantizedSection
+from edgetrain.runtime import checkpoints
 from edgetrain.runtime.trainer import evaluate, session_batch
 from loaders import DataLoader, SampleStore
 from loaders.limits import read_capped
@@ -76,11 +77,18 @@ MAX_THREADS = 256  # numpy's BLAS threads
 MAX_BATCH = 1 << 20  # samples a step (the artifact's batch is the most; this bounds the check's arithmetic)
 MAX_FEATURE_CACHE_MB = 1 << 16  # 64 GiB: more than any phone has
 MODES = ("digits", "text")
+MAX_VERSION = 999_999  # versions/vNNNNNN: six digits
 HOME_JSON_MAX_BYTES = 1 << 20  # settings.json and current.json hold a few hundred bytes
 
 
 class AppError(et.ConfigError):
     """A home that does not exist or is not set up, or a request the app cannot carry out; says what to do."""
+
+
+class VersionError(AppError):
+    """A model version that cannot be used: its file damaged, missing, or holding values the model cannot take
+    (NaN or infinity, another shape or dtype), or scores that are not finite. Says which, and what would work; the
+    home is left as it was."""
 
 
 class HomeKindError(AppError, AttributeError):
@@ -326,20 +334,100 @@ class BaseHome:
     # ---- the model -----------------------------------------------------------------------------------------------
     @property
     def version(self) -> int:
-        return int(self._read_json(CURRENT, {"version": 0})["version"])
+        return self._current()[0]
+
+    def _current(self) -> tuple[int, str | None]:
+        """(the current version, its file in the home: None for version 0, the artifact's own parameters), from
+        current.json, checked: a version number, and the file the app writes for it (never a path elsewhere)."""
+        cur = self._read_json(CURRENT, {"version": 0, "checkpoint": None})
+        v = cur.get("version") if isinstance(cur, dict) else None
+        name = cur.get("checkpoint") if isinstance(cur, dict) else None
+        ok = type(v) is int and 0 <= v <= MAX_VERSION
+        files = (
+            [os.path.join(VERSIONS, f"v{v:06d}{e}") for e in (CHECKPOINT, ADAPTERS)] if ok and v else [None]
+        )
+        if not ok or name not in files:
+            raise AppError(
+                f"{self._file(CURRENT)} is damaged: {json.dumps(cur)[:120]} names no version the app kept; "
+                f"{self._kept_sentence()}"
+            )
+        return v, name
+
+    def kept_versions(self) -> list[int]:
+        """The versions whose files are in versions/, newest first (the current one among them, once kept)."""
+        found = set()
+        for f in os.listdir(self._file(VERSIONS)) if os.path.isdir(self._file(VERSIONS)) else ():
+            stem = f[1:7] if f.startswith("v") and f.endswith((CHECKPOINT, ADAPTERS)) and len(f) == 12 else ""
+            if stem.isdigit():
+                found.add(int(stem))
+        return sorted(found, reverse=True)
+
+    def _kept_sentence(self, but: int | None = None) -> str:
+        """What would work when the current version cannot be used: an earlier kept version, made current."""
+        kept = [v for v in self.kept_versions() if v != but]
+        if not kept:
+            return (
+                "restore the file, or set up the home again (version 0, the artifact's own, is always there)"
+            )
+        return (
+            f"restore the file, or make a kept version current (kept: {', '.join(map(str, kept))}; 0 is the "
+            f"artifact's own): home.use_version({kept[0]}) in Python"
+        )
 
     def session(self) -> et.TrainingSession:
         """A new session of the artifact holding the current version's parameters and optimizer state."""
-        cur = self._read_json(CURRENT, {"version": 0, "checkpoint": None})
+        return self._open_version(*self._current())
+
+    def _open_version(self, version: int, name: str | None) -> et.TrainingSession:
+        """A session of the artifact holding a version's parameters, from its file checked whole first (values of
+        the artifact's shapes and dtypes, every one finite): a VersionError naming the file and what would work,
+        and nothing changed, for one that is not."""
         sess = et.TrainingSession(self._file(ARTIFACT))
-        if str(cur.get("checkpoint") or "").endswith(ADAPTERS):  # a LoRA home keeps the adapters alone
-            sess.load_adapters(self._file(cur["checkpoint"]))
-        elif cur.get("checkpoint"):
-            sess.load_checkpoint(self._file(cur["checkpoint"]))
+        if name is not None:
+            path = self._file(name)
+            try:
+                if name.endswith(ADAPTERS):  # a LoRA home keeps the adapters alone
+                    _, tensors = checkpoints.read_adapters(path)
+                    own = sess.parameters()
+                    checkpoints.check_values(path, tensors, {k: own[k] for k in tensors if k in own})
+                    sess.load_adapters(path)
+                else:
+                    sess.load_checkpoint(path)
+            except et.EdgeTrainError as e:
+                raise VersionError(
+                    f"version {version}'s file {name} cannot be used ({e}); the home was left as it was: "
+                    f"{self._kept_sentence(but=version)}"
+                ) from None
         adopted = self.settings.get("preprocessing")
         if adopted and not sess.preprocessing.declared:
             sess.preprocessing = adopted
         return sess
+
+    def use_version(self, version: int) -> int:
+        """Makes a kept version (or 0, the artifact's own parameters) current, once its file has loaded whole; a
+        version that cannot be used is refused (VersionError) and the current one stays. Returns the version."""
+        version = count(version, "version", lo=0, hi=MAX_VERSION, fix="give a kept version (kept_versions())")
+        with self._lock:
+            name = None
+            if version:
+                names = [os.path.join(VERSIONS, f"v{version:06d}{e}") for e in (CHECKPOINT, ADAPTERS)]
+                name = next((n for n in names if os.path.isfile(self._file(n))), None)
+                if name is None:
+                    raise VersionError(f"there is no version {version}; {self._kept_sentence()}")
+            sess = self._open_version(version, name)
+            atomic_write(self._file(CURRENT), json.dumps({"version": version, "checkpoint": name}).encode())
+            with self._cache_lock:
+                self._session_cache = (version, sess)
+            self._log("use_version", version=version)
+        return version
+
+    def _cached(self) -> tuple[int, et.TrainingSession]:
+        """(the current version, its session), cached until current.json names another; call under _cache_lock. A
+        version that cannot be loaded leaves the cache as it was."""
+        v, name = self._current()
+        if self._session_cache is None or self._session_cache[0] != v:
+            self._session_cache = (v, self._open_version(v, name))
+        return self._session_cache
 
     def input_range(self) -> tuple[float, float]:
         """The raw values samples are given in (the page's pixels): the model's input pipeline's, else [0, 1]."""
@@ -348,10 +436,7 @@ class BaseHome:
     def _inference(self) -> et.TrainingSession:
         """The current version for predictions, cached until the version changes."""
         with self._cache_lock:
-            v = self.version
-            if self._session_cache is None or self._session_cache[0] != v:
-                self._session_cache = (v, self.session())
-            return self._session_cache[1]
+            return self._cached()[1]
 
     def input_shape(self) -> tuple[int, ...]:
         sess = self._inference()
@@ -402,8 +487,8 @@ class BaseHome:
 
     def _burst(self, max_steps, max_seconds, lr, batch_size, progress) -> BurstResult:
         t0 = time.perf_counter()
-        version = self.version
-        sess = self.session()
+        version, name = self._current()
+        sess = self._open_version(version, name)
         if lr is not None or self.settings["lr"] is not None:
             sess.lr = float(lr if lr is not None else self.settings["lr"])
         batch, real = self._batch_sizes(sess, batch_size)
@@ -449,8 +534,11 @@ class BaseHome:
         if not reason:
             reason = self._verdict(result, classification)
         if reason is None:
-            result.kept, result.model_version = True, self._keep(sess, version + 1, result)
-            result.reason = "validation did not get worse: kept as a new version"
+            try:
+                result.model_version = self._keep(sess, version + 1, result)
+                result.kept, result.reason = True, "validation did not get worse: kept as a new version"
+            except VersionError as e:  # written, but not read back whole: never made current
+                result.reason = f"the new version was not kept: {e}"
         else:
             result.reason = reason + "; rolled back to the previous version"
         result.seconds = round(time.perf_counter() - t0, 4)
@@ -510,9 +598,18 @@ class BaseHome:
         return None
 
     def _keep(self, sess: et.TrainingSession, version: int, result: BurstResult) -> int:
-        """Writes the new version whole, then points current.json at it (both atomically); prunes old files."""
+        """Writes the new version whole and reads it back as a session would load it, then points current.json at
+        it (both atomically); prunes old files. A file that does not read back whole is removed, and the current
+        version stays (VersionError)."""
         name = self._save_version(sess, version, result)
+        try:
+            loaded = self._open_version(version, name)
+        except VersionError:
+            os.remove(self._file(name))
+            raise
         atomic_write(self._file(CURRENT), json.dumps({"version": version, "checkpoint": name}).encode())
+        with self._cache_lock:  # the predictions' session: the version just read back
+            self._session_cache = (version, loaded)
         self._prune(version)
         return version
 

@@ -61,7 +61,7 @@ from .connections import (
     linger,
     refuse,
 )
-from .home import AppError, BaseHome
+from .home import AppError, BaseHome, VersionError
 from .text import MAX_TEXT, TextHome
 
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
@@ -374,6 +374,8 @@ class Handler(BaseHTTPRequestHandler):
                 self._json(*out)
         except ApiError as e:
             self._error(e.status, str(e))
+        except VersionError as e:  # the app's model, not the request: what would work is said on the page
+            self._error(HTTPStatus.INTERNAL_SERVER_ERROR, _one_line(e))
         except (AppError, ValueError) as e:  # the app refused it: a label out of range, a wrong shape
             self._error(HTTPStatus.BAD_REQUEST, _one_line(e))
         except Exception as e:  # a bug or a damaged home: one line here, the traceback on the terminal

@@ -34,7 +34,7 @@ from loaders.text import (
 )
 
 from .app import Home
-from .home import ADAPTERS, VERSIONS, AppError, BaseHome, BurstResult, HomeKindError
+from .home import ADAPTERS, VERSIONS, AppError, BaseHome, BurstResult, HomeKindError, VersionError
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 KEYBOARD = os.path.join(DATA, "keyboard.etrain")
@@ -42,9 +42,8 @@ KEYBOARD_VOCAB = os.path.join(DATA, "keyboard_vocab.json")
 VOCAB = "vocab.json"
 # characters of one sentence sent (or of a file's line), or of the text a suggestion reads
 MAX_TEXT = SENTENCE_MAX_CHARS
-FILE_CHUNK = (
-    512  # sentences of a file made into windows at once (at most ~8 MB of them: 32 windows of 2,000 chars)
-)
+FILE_CHUNK = 512  # sentences of a file made into windows at once (~8 MB at most: 32 windows of 2,000 chars)
+MAX_LOG_PERPLEXITY = 700.0  # a loss a word whose exp (the perplexity) a float64 holds
 TEXT_DEFAULTS = {"max_steps": 20, "max_seconds": 60.0, "val_fraction": 0.2, "mode": "text"}
 # app.Home's methods for labelled samples, which a text home has not -> what it does instead
 NOT_A_TEXT_HOMES = {
@@ -113,10 +112,12 @@ class TextHome(BaseHome):
             raise AppError(f"the text must be a string of at most {MAX_TEXT} characters")
         ids, at = self.vocab.context(text, self.length)
         with self._cache_lock:  # one interpreter: its buffers serve one run at a time
-            v = self.version
-            if self._session_cache is None or self._session_cache[0] != v:
-                self._session_cache = (v, self.session())
-            logits = np.asarray(self._session_cache[1].run(ids[None]))[0, at]
+            v, sess = self._cached()
+            logits = np.asarray(sess.run(ids[None]))[0, at]
+        if not np.isfinite(logits).all():  # words ranked by NaN would be any words
+            raise VersionError(
+                f"version {v} scores the next word as NaN or infinity: nothing is suggested. {self._kept_sentence(v)}"
+            )
         best = self.vocab.top_words(logits, k)
         return (best, v) if with_version else best
 
@@ -196,10 +197,11 @@ class TextHome(BaseHome):
 
     def status(self) -> dict[str, Any]:
         st = super().status()
-        cur = self._read_json("current.json", {})
-        path = cur.get("checkpoint")
+        _, name = self._current()
         st["mode"] = "text"
-        st["version_bytes"] = os.path.getsize(self._file(path)) if path else 0
+        st["version_bytes"] = (
+            os.path.getsize(self._file(name)) if name and os.path.isfile(self._file(name)) else 0
+        )
         return st
 
 
@@ -254,6 +256,11 @@ def heldout_figures(home: TextHome, texts: list[str]) -> dict[str, Any]:
     view = home.windows(texts)
     sess = home.session()
     loss, top1 = next_word_metrics(sess, DataLoader(view, session_batch(sess) or 8))
+    if not math.isfinite(loss) or loss > MAX_LOG_PERPLEXITY:
+        raise VersionError(
+            f"version {home.version} scores these sentences' words as NaN or infinity (a loss of {loss:.4g} a "
+            f"word): no figures. {home._kept_sentence()}"
+        )
     return {"top1": top1, "perplexity": math.exp(loss), "windows": view.size()}
 
 
