@@ -243,6 +243,7 @@ class BaseHome:
     def update_settings(self, **changes: Any) -> dict[str, Any]:
         """Changes settings (None leaves one as it is; reset_settings puts one back to its default)."""
         changes = checked_settings({k: v for k, v in changes.items() if v is not None})
+        self._same_mode(changes)
         with self._lock:
             self.settings.update(changes)
             atomic_write(
@@ -255,6 +256,7 @@ class BaseHome:
         unknown = set(names) - set(DEFAULTS)
         if unknown:
             raise AppError(f"unknown settings {sorted(unknown)}; known: {', '.join(DEFAULTS)}")
+        self._same_mode({k: DEFAULTS[k] for k in names})
         with self._lock:
             self.settings.update({k: DEFAULTS[k] for k in names})
             atomic_write(
@@ -262,6 +264,13 @@ class BaseHome:
                 json.dumps(self.settings, indent=2, allow_nan=False).encode(),
             )
         return dict(self.settings)
+
+    def _same_mode(self, changes: dict[str, Any]) -> None:
+        if "mode" in changes and changes["mode"] != self.settings["mode"]:
+            raise AppError(
+                f"setting mode {changes['mode']!r}: this is a {self.settings['mode']} home, and stays one (its "
+                f"store and versions are of that kind); set up a new home for another"
+            )
 
     # ---- files ---------------------------------------------------------------------------------------------------
     def _file(self, name: str) -> str:
@@ -363,12 +372,9 @@ class BaseHome:
         return sorted(found, reverse=True)
 
     def _kept_sentence(self, but: int | None = None) -> str:
-        """What would work when the current version cannot be used: an earlier kept version, made current."""
-        kept = [v for v in self.kept_versions() if v != but]
-        if not kept:
-            return (
-                "restore the file, or set up the home again (version 0, the artifact's own, is always there)"
-            )
+        """What would work when the current version cannot be used: an earlier kept version (or 0, the artifact's
+        own parameters, always there), made current."""
+        kept = [v for v in self.kept_versions() if v != but] + [0]
         return (
             f"restore the file, or make a kept version current (kept: {', '.join(map(str, kept))}; 0 is the "
             f"artifact's own): home.use_version({kept[0]}) in Python"

@@ -182,7 +182,12 @@ class AppServer(ThreadingHTTPServer):
         self.connections = Connections(max_connections)
         # a body holds the pixels and a few fields; twice the input's numbers leaves room for any nesting
         self.max_items = max(1024, 2 * math.prod(self.input_shape) + 64)
-        super().__init__(address, Handler)
+        try:
+            super().__init__(address, Handler)
+        except OSError as e:  # the port is taken (another serve), or one below 1024 needs privileges
+            raise AppError(
+                f"port {address[1]} cannot be served ({e.strerror or e}): use another --port, or 0 for any free port"
+            ) from None
 
     def process_request(self, request, client_address) -> None:
         if not self.connections.admit(request):

@@ -245,7 +245,7 @@ class WordVocab:
     def from_json(cls, doc, *, source: str = "<vocabulary>") -> WordVocab:
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise DataError(f'{source}: not a vocabulary file (no "format": "{FORMAT}")', source)
-        if doc.get("version") != VERSION:
+        if type(doc.get("version")) is not int or doc["version"] != VERSION:  # not true, nor 1.0
             raise DataError(
                 f"{source}: vocabulary version {doc.get('version')!r}; this reader knows version {VERSION}",
                 source,
