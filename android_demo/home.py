@@ -38,7 +38,7 @@ from edgetrain.runtime import checkpoints
 from edgetrain.runtime.trainer import evaluate, session_batch
 from loaders import DataLoader, SampleStore
 from loaders.limits import read_capped
-from loaders.values import bounded_json, count, number
+from loaders.values import JSON_MAX_DEPTH, bounded_json, count, number
 
 from .policy import POLICIES, may_train
 
@@ -321,16 +321,13 @@ class BaseHome:
             raise et.StorageError.of(e, self._file(LOG), "cannot write the app's log") from e
 
     def events(self, kind: str | None = None) -> list[dict[str, Any]]:
-        """The log's events, oldest first (a line cut short by a kill is skipped)."""
+        """The log's events, oldest first (a line cut short by a kill, or damaged, is skipped)."""
         out = []
         try:
-            with open(self._file(LOG), encoding="utf-8") as f:
+            with open(self._file(LOG), encoding="utf-8", errors="replace") as f:
                 for line in f:
-                    try:
-                        e = json.loads(line)
-                    except ValueError:
-                        continue
-                    if kind is None or e.get("event") == kind:
+                    e = _event(line)
+                    if e is not None and (kind is None or e.get("event") == kind):
                         out.append(e)
         except FileNotFoundError:
             pass
@@ -680,23 +677,41 @@ class BaseHome:
         """Per kept version, the validation accuracy (or loss) that let it in: the page's chart."""
         points = []
         for b in self.events("burst"):
-            if b.get("kept"):
+            v = b.get("model_version")
+            if b.get("kept") is True and type(v) is int:  # a damaged line's burst is left out
                 if not points:
                     points.append(
                         {
-                            "version": b["model_version"] - 1,
-                            "accuracy": b.get("val_accuracy_before"),
-                            "loss": b.get("val_loss_before"),
+                            "version": v - 1,
+                            "accuracy": _figure(b.get("val_accuracy_before")),
+                            "loss": _figure(b.get("val_loss_before")),
                         }
                     )
                 points.append(
                     {
-                        "version": b["model_version"],
-                        "accuracy": b.get("val_accuracy_after"),
-                        "loss": b.get("val_loss_after"),
+                        "version": v,
+                        "accuracy": _figure(b.get("val_accuracy_after")),
+                        "loss": _figure(b.get("val_loss_after")),
                     }
                 )
         return points
+
+
+def _event(line: str) -> dict[str, Any] | None:
+    """One line of the log as an event; None for a damaged one. Its nesting is checked before it is parsed, on the
+    lines that could nest deeper than bounded_json reads (as many brackets at least): the others, all the app
+    writes, go to the parser at once."""
+    try:
+        many = line.count("[") + line.count("{") > JSON_MAX_DEPTH
+        e = bounded_json(line, "a line of the app's log") if many else json.loads(line)
+    except ValueError:  # bounded_json's ConfigError too
+        return None
+    return e if isinstance(e, dict) else None
+
+
+def _figure(v: Any) -> float | None:
+    """A logged accuracy or loss for the page: a finite number, else None."""
+    return float(v) if type(v) in (int, float) and math.isfinite(v) else None
 
 
 def remove_home(path: str) -> None:

@@ -184,6 +184,17 @@ def test_settings_and_burst_arguments_are_checked_where_they_enter(files, tmp_pa
             Home(damaged)
         with tally.case(f"status with settings.json {text[:20]}", names=names):
             cli("--home", str(damaged), "status")
+    # the log's damaged lines are skipped: status and the page's history go on
+    log = Path(home.path) / "log.jsonl"
+    for line in [
+        "[" * 100_000,
+        "[1]",
+        '{"event": "burst", "kept": true}',
+        '{"event": "burst", "kept": 1e400}',
+    ]:
+        with tally.case(f"log.jsonl line {line[:20]}", accept=True):
+            log.write_text(log.read_text() + line + "\n")
+            assert type(home.status()["bursts"]) is int and home.accuracy_by_version() == []
     report("hostile inputs", tally.line())
     tally.assert_clean()
 
