@@ -303,7 +303,7 @@ def test_add_scale_and_normalize_are_checked_and_a_refused_file_changes_nothing(
         (["--scale", "1e-320"], "--scale 1e-320"),  # the reproduction: an OverflowError
         (["--scale", "1e-300/1e10"], "--scale"),
         (["--scale", "1e37"], ("d.npz", "sample 0", "not finite")),  # inf stored before
-        (["--scale", "1/255", "--normalize", "0,1e-320"], "--normalize std"),
+        (["--scale", "1/255", "--normalize", "0,1e-320"], ("--normalize", "std", "1e-320")),
     ]:
         with tally.case(f"add {' '.join(options)}", names=names):
             add(*options)
