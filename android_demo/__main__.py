@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from edgetrain.core.errors import EdgeTrainError, UsageError  # imports nothing: numpy is not loaded yet
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
+MAX_THREADS = 256  # home.MAX_THREADS, the threads setting's bound (home imports numpy, which must wait)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -117,16 +118,19 @@ def _add_serve(sub) -> None:
 
 
 def _threads(args: argparse.Namespace) -> None:
-    n = getattr(args, "command_threads", None) or args.threads
+    n = getattr(args, "command_threads", None)
+    n = args.threads if n is None else n
+    if n is not None and not 1 <= n <= MAX_THREADS:
+        raise SystemExit(f"android_demo: error: --threads must be from 1 to {MAX_THREADS}, got {n}")
     if n is None and args.home:
-        try:  # the home's setting, read without numpy
+        try:  # the home's setting, read without numpy (opening the home checks the file, and names a bad value)
             with open(os.path.join(args.home, "settings.json"), encoding="utf-8") as f:
-                n = json.load(f).get("threads")
-        except (OSError, ValueError):
-            n = None
+                found = json.loads(f.read(1 << 20))
+        except (OSError, ValueError, RecursionError):
+            found = None
+        n = found.get("threads") if isinstance(found, dict) else None
+        n = n if type(n) is int and 1 <= n <= MAX_THREADS else None
     if n is not None:
-        if n < 1:
-            raise SystemExit(f"android_demo: error: --threads must be at least 1, got {n}")
         for var in THREAD_VARIABLES:
             os.environ[var] = str(n)
 
@@ -271,7 +275,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _text_command(args: argparse.Namespace, home) -> int:
     """add --sentences, evaluate --sentences and suggest, for a text home."""
-    from .app import AppError  # numpy loads with it: after main() has set the BLAS thread count
+    from loaders.text import read_sentences  # numpy loads with it: after main() has set the BLAS thread count
+
+    from .app import AppError  # as above
     from .text import TextHome, heldout_figures  # as above
 
     if not isinstance(home, TextHome):
@@ -281,16 +287,11 @@ def _text_command(args: argparse.Namespace, home) -> int:
         return 0
     if getattr(args, "data", None):
         raise UsageError("give --data or --sentences, not both")
-    try:
-        with open(args.sentences, encoding="utf-8") as f:
-            lines = [line.strip() for line in f if line.strip()]
-    except (OSError, UnicodeDecodeError) as e:
-        raise AppError(f"{args.sentences}: cannot read the sentences ({e})") from None
     if args.command == "add":
-        ids = home.add_sentences(lines)
+        ids = home.add_sentence_file(args.sentences)  # bounded, and stored a chunk at a time
         print(f"added {len(ids):,} sentences; the store holds {home.status()['samples']:,}")
     elif args.command == "evaluate":
-        fig = heldout_figures(home, lines)
+        fig = heldout_figures(home, read_sentences(args.sentences))
         if args.json:
             print(json.dumps(fig, allow_nan=False))
         else:

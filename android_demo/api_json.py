@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 
 from edgetrain.core.declared import json_shape
+from edgetrain.core.errors import ConfigError
+from loaders.values import FLOAT32_MAX, FLOAT32_TINY, number
 
 MAX_DEPTH = 32  # the digits model's pixels nest 3 deep in an object: 4
 MAX_DIGITS = 30  # of an integer anywhere in a body; a pixel or a label has a few
@@ -148,14 +150,22 @@ def pixels(body: dict[str, Any], shape: tuple[int, ...], value_range: tuple[floa
     return np.asarray(leaves, np.float32).reshape(shape)
 
 
+def _refuse_label(v: Any):
+    raise ApiError(
+        f'"label" must be a number (the value the model should predict, within float32: {FLOAT32_TINY:.3g} to '
+        f"{FLOAT32_MAX:.3g} in size, or 0), not {_kind(v)}"
+    )
+
+
 def label(body: dict[str, Any], classes: int | None) -> int | float:
     """The request's "label": a class number written as an integer (3, not 3.0, "3" or true) from 0 to
     classes - 1; for a model without classes (regression), a finite number."""
     v = body.get("label")
-    if classes is None:
-        if not _number(v) or not math.isfinite(v):
-            raise ApiError(f'"label" must be a number (the value the model should predict), not {_kind(v)}')
-        return v
+    if classes is None:  # a float32 target: a number float32 holds, refused rather than made inf or 0
+        try:
+            return number(v, '"label"') if _number(v) else _refuse_label(v)
+        except ConfigError:
+            return _refuse_label(v)
     if type(v) is not int or not 0 <= v < classes:
         got = "missing" if "label" not in body else str(v) if type(v) is int else _kind(v)
         raise ApiError(

@@ -34,10 +34,13 @@ import numpy as np
 import edgetrain as et
 from edgetrain.core.atomic import atomic_write
 from edgetrain.graph.sections import QuantizedSection
+from edgetrain.runtime import checkpoints
 from edgetrain.runtime.trainer import evaluate, session_batch
 from loaders import DataLoader, SampleStore
+from loaders.limits import read_capped
+from loaders.values import JSON_MAX_DEPTH, bounded_json, count, number
 
-from .policy import may_train
+from .policy import POLICIES, may_train
 
 ARTIFACT, STORE, CURRENT, SETTINGS, LOG = (
     "model.etrain",
@@ -68,8 +71,24 @@ DEFAULTS = {
 }
 
 
+MAX_STEPS = 1_000_000  # steps of one burst (the time bound usually ends it long before)
+MAX_SECONDS = 86_400.0  # seconds of one burst: a day
+MAX_THREADS = 256  # numpy's BLAS threads
+MAX_BATCH = 1 << 20  # samples a step (the artifact's batch is the most; this bounds the check's arithmetic)
+MAX_FEATURE_CACHE_MB = 1 << 16  # 64 GiB: more than any phone has
+MODES = ("digits", "text")
+MAX_VERSION = 999_999  # versions/vNNNNNN: six digits
+HOME_JSON_MAX_BYTES = 1 << 20  # settings.json and current.json hold a few hundred bytes
+
+
 class AppError(et.ConfigError):
     """A home that does not exist or is not set up, or a request the app cannot carry out; says what to do."""
+
+
+class VersionError(AppError):
+    """A model version that cannot be used: its file damaged, missing, or holding values the model cannot take
+    (NaN or infinity, another shape or dtype), or scores that are not finite. Says which, and what would work; the
+    home is left as it was."""
 
 
 class HomeKindError(AppError, AttributeError):
@@ -97,6 +116,64 @@ class BurstResult:
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), allow_nan=False)
+
+
+def _option(name: str) -> str:
+    return f"{name} (--{name.replace('_', '-')})"
+
+
+# the numeric settings: (values.py's check, its bounds, what would work); None is allowed for those in _OPTIONAL
+_NUMBERS = {
+    "max_steps": (count, {"lo": 1, "hi": MAX_STEPS}, "give a number of steps, e.g. 30"),
+    "max_seconds": (number, {"positive": True, "hi": MAX_SECONDS}, "give seconds, e.g. 5"),
+    "lr": (number, {"positive": True}, "give a learning rate such as 0.01 (or none: the artifact's)"),
+    "threads": (count, {"lo": 1, "hi": MAX_THREADS}, "give a number of threads, e.g. 1"),
+    "batch_size": (
+        count,
+        {"lo": 1, "hi": MAX_BATCH},
+        "give samples per step (or none: the artifact's batch)",
+    ),
+    "val_fraction": (number, {"lo": 0, "hi": 1}, "give the share held out for validation, e.g. 0.2"),
+    "feature_cache_mb": (number, {"lo": 0, "hi": MAX_FEATURE_CACHE_MB}, "give MiB, e.g. 16 (0: off)"),
+}
+_OPTIONAL = ("max_seconds", "lr", "batch_size")  # None: no time bound, the artifact's rate, its batch
+
+
+def _option(name: str) -> str:
+    return (
+        f"{name} (--{name.replace('_', '-')})" if name not in ("val_fraction", "feature_cache_mb") else name
+    )
+
+
+def check_setting(name: str, value: Any) -> Any:
+    """One setting's value, checked (loaders/values.py): a ConfigError naming it and saying what would work."""
+    if name in ("policy", "mode"):
+        choices = POLICIES if name == "policy" else MODES
+        if not isinstance(value, str) or value not in choices:
+            raise et.ConfigError(f"setting {name} {str(value)[:40]!r}: use one of {', '.join(choices)}")
+        return value
+    if name == "preprocessing":  # an InputPipeline's JSON, which InputPipeline checks when a session takes it
+        if value is not None and not isinstance(value, dict):
+            raise et.ConfigError(
+                f"setting preprocessing is a {type(value).__name__}: it is an object or null"
+            )
+        return value
+    if value is None and name in _OPTIONAL:
+        return None
+    check, bounds, fix = _NUMBERS[name]
+    return check(value, _option(name), fix=fix, **bounds)
+
+
+def checked_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """The settings with each value checked (a whole number of steps, seconds and a learning rate within float32,
+    a known policy, ...): an AppError naming the first that is not, and what would work; unknown names too."""
+    unknown = set(settings) - set(DEFAULTS)
+    if unknown:
+        raise AppError(f"unknown settings {sorted(unknown)}; known: {', '.join(DEFAULTS)}")
+    try:
+        return {k: check_setting(k, v) for k, v in settings.items()}
+    except et.ConfigError as e:
+        raise AppError(str(e)) from None
 
 
 def _cache_sentence(info: dict[str, Any]) -> str:
@@ -133,7 +210,7 @@ class BaseHome:
         self._lock = threading.RLock()  # bursts and settings
         self._feature_rows = None  # the frozen part's cached results, handed from burst to burst
         self._cache_lock = threading.Lock()  # the cached inference session: predictions go on during a burst
-        self.settings = {**DEFAULTS, **self._read_json(SETTINGS, {})}
+        self.settings = {**DEFAULTS, **self._settings_file()}
         self._session_cache: tuple[int, et.TrainingSession] | None = None
 
     # ---- setting up ----------------------------------------------------------------------------------------------
@@ -143,16 +220,14 @@ class BaseHome:
         path = os.path.abspath(os.fspath(path))
         if os.path.exists(os.path.join(path, CURRENT)):
             raise AppError(f"{path} is already an app home; pick another folder or delete this one")
-        unknown = set(settings) - set(DEFAULTS)
-        if unknown:
-            raise AppError(f"unknown settings {sorted(unknown)}; known: {', '.join(DEFAULTS)}")
+        settings = checked_settings({k: v for k, v in settings.items() if v is not None})
         sess = et.TrainingSession(artifact)  # refuses anything that is not a whole, valid artifact
         os.makedirs(os.path.join(path, VERSIONS), exist_ok=True)
         with open(artifact, "rb") as f:
             atomic_write(os.path.join(path, ARTIFACT), f.read())
         SampleStore(os.path.join(path, STORE)).close()
-        merged = {**DEFAULTS, **{k: v for k, v in settings.items() if v is not None}}
-        atomic_write(os.path.join(path, SETTINGS), json.dumps(merged, indent=2).encode())
+        merged = {**DEFAULTS, **settings}
+        atomic_write(os.path.join(path, SETTINGS), json.dumps(merged, indent=2, allow_nan=False).encode())
         atomic_write(os.path.join(path, CURRENT), json.dumps({"version": 0, "checkpoint": None}).encode())
         home = cls(path)
         home._log(
@@ -167,35 +242,73 @@ class BaseHome:
 
     def update_settings(self, **changes: Any) -> dict[str, Any]:
         """Changes settings (None leaves one as it is; reset_settings puts one back to its default)."""
-        unknown = set(changes) - set(DEFAULTS)
-        if unknown:
-            raise AppError(f"unknown settings {sorted(unknown)}; known: {', '.join(DEFAULTS)}")
+        changes = checked_settings({k: v for k, v in changes.items() if v is not None})
+        self._same_mode(changes)
         with self._lock:
-            self.settings.update({k: v for k, v in changes.items() if v is not None})
-            atomic_write(os.path.join(self.path, SETTINGS), json.dumps(self.settings, indent=2).encode())
+            self.settings.update(changes)
+            atomic_write(
+                os.path.join(self.path, SETTINGS),
+                json.dumps(self.settings, indent=2, allow_nan=False).encode(),
+            )
         return dict(self.settings)
 
     def reset_settings(self, *names: str) -> dict[str, Any]:
         unknown = set(names) - set(DEFAULTS)
         if unknown:
             raise AppError(f"unknown settings {sorted(unknown)}; known: {', '.join(DEFAULTS)}")
+        self._same_mode({k: DEFAULTS[k] for k in names})
         with self._lock:
             self.settings.update({k: DEFAULTS[k] for k in names})
-            atomic_write(os.path.join(self.path, SETTINGS), json.dumps(self.settings, indent=2).encode())
+            atomic_write(
+                os.path.join(self.path, SETTINGS),
+                json.dumps(self.settings, indent=2, allow_nan=False).encode(),
+            )
         return dict(self.settings)
+
+    def _same_mode(self, changes: dict[str, Any]) -> None:
+        if "mode" in changes and changes["mode"] != self.settings["mode"]:
+            raise AppError(
+                f"setting mode {changes['mode']!r}: this is a {self.settings['mode']} home, and stays one (its "
+                f"store and versions are of that kind); set up a new home for another"
+            )
 
     # ---- files ---------------------------------------------------------------------------------------------------
     def _file(self, name: str) -> str:
         return os.path.join(self.path, name)
 
     def _read_json(self, name: str, default: Any) -> Any:
+        """A home's JSON file (settings.json, current.json), read within HOME_JSON_MAX_BYTES and a nesting depth."""
+        path = self._file(name)
         try:
-            with open(self._file(name), encoding="utf-8") as f:
-                return json.load(f)
+            with open(path, "rb") as f:
+                raw, over = read_capped(f, HOME_JSON_MAX_BYTES)
         except FileNotFoundError:
             return default
-        except (OSError, ValueError) as e:
-            raise AppError(f"{self._file(name)} cannot be read ({e}); the home is damaged") from e
+        except OSError as e:
+            raise AppError(f"{path} cannot be read ({e}); the home is damaged") from e
+        if over:
+            raise AppError(
+                f"{path} holds over {HOME_JSON_MAX_BYTES} bytes, not the app's few; the home is damaged"
+            )
+        try:
+            return bounded_json(raw, path)
+        except et.ConfigError as e:
+            raise AppError(f"{e}; the home is damaged") from None
+
+    def _settings_file(self) -> dict[str, Any]:
+        """settings.json, each value checked: a damaged one is named, with the file, before anything uses it."""
+        found = self._read_json(SETTINGS, {})
+        if not isinstance(found, dict):
+            raise AppError(
+                f"{self._file(SETTINGS)} holds a JSON {type(found).__name__}, not the settings' object"
+            )
+        try:
+            return checked_settings(found)
+        except AppError as e:
+            raise AppError(
+                f"{self._file(SETTINGS)}: {e}; the home's settings are damaged: fix that value in the file (or "
+                "set it again with init's options on a new home)"
+            ) from None
 
     def _log(self, event: str, **fields: Any) -> None:
         line = json.dumps({"time": round(time.time(), 3), "event": event, **fields}, allow_nan=False)
@@ -208,16 +321,13 @@ class BaseHome:
             raise et.StorageError.of(e, self._file(LOG), "cannot write the app's log") from e
 
     def events(self, kind: str | None = None) -> list[dict[str, Any]]:
-        """The log's events, oldest first (a line cut short by a kill is skipped)."""
+        """The log's events, oldest first (a line cut short by a kill, or damaged, is skipped)."""
         out = []
         try:
-            with open(self._file(LOG), encoding="utf-8") as f:
+            with open(self._file(LOG), encoding="utf-8", errors="replace") as f:
                 for line in f:
-                    try:
-                        e = json.loads(line)
-                    except ValueError:
-                        continue
-                    if kind is None or e.get("event") == kind:
+                    e = _event(line)
+                    if e is not None and (kind is None or e.get("event") == kind):
                         out.append(e)
         except FileNotFoundError:
             pass
@@ -230,20 +340,97 @@ class BaseHome:
     # ---- the model -----------------------------------------------------------------------------------------------
     @property
     def version(self) -> int:
-        return int(self._read_json(CURRENT, {"version": 0})["version"])
+        return self._current()[0]
+
+    def _current(self) -> tuple[int, str | None]:
+        """(the current version, its file in the home: None for version 0, the artifact's own parameters), from
+        current.json, checked: a version number, and the file the app writes for it (never a path elsewhere)."""
+        cur = self._read_json(CURRENT, {"version": 0, "checkpoint": None})
+        v = cur.get("version") if isinstance(cur, dict) else None
+        name = cur.get("checkpoint") if isinstance(cur, dict) else None
+        ok = type(v) is int and 0 <= v <= MAX_VERSION
+        files = (
+            [os.path.join(VERSIONS, f"v{v:06d}{e}") for e in (CHECKPOINT, ADAPTERS)] if ok and v else [None]
+        )
+        if not ok or name not in files:
+            raise AppError(
+                f"{self._file(CURRENT)} is damaged: {json.dumps(cur)[:120]} names no version the app kept; "
+                f"{self._kept_sentence()}"
+            )
+        return v, name
+
+    def kept_versions(self) -> list[int]:
+        """The versions whose files are in versions/, newest first (the current one among them, once kept)."""
+        found = set()
+        for f in os.listdir(self._file(VERSIONS)) if os.path.isdir(self._file(VERSIONS)) else ():
+            stem = f[1:7] if f.startswith("v") and f.endswith((CHECKPOINT, ADAPTERS)) and len(f) == 12 else ""
+            if stem.isdigit():
+                found.add(int(stem))
+        return sorted(found, reverse=True)
+
+    def _kept_sentence(self, but: int | None = None) -> str:
+        """What would work when the current version cannot be used: an earlier kept version (or 0, the artifact's
+        own parameters, always there), made current."""
+        kept = [v for v in self.kept_versions() if v != but] + [0]
+        return (
+            f"restore the file, or make a kept version current (kept: {', '.join(map(str, kept))}; 0 is the "
+            f"artifact's own): home.use_version({kept[0]}) in Python"
+        )
 
     def session(self) -> et.TrainingSession:
         """A new session of the artifact holding the current version's parameters and optimizer state."""
-        cur = self._read_json(CURRENT, {"version": 0, "checkpoint": None})
+        return self._open_version(*self._current())
+
+    def _open_version(self, version: int, name: str | None) -> et.TrainingSession:
+        """A session of the artifact holding a version's parameters, from its file checked whole first (values of
+        the artifact's shapes and dtypes, every one finite): a VersionError naming the file and what would work,
+        and nothing changed, for one that is not."""
         sess = et.TrainingSession(self._file(ARTIFACT))
-        if str(cur.get("checkpoint") or "").endswith(ADAPTERS):  # a LoRA home keeps the adapters alone
-            sess.load_adapters(self._file(cur["checkpoint"]))
-        elif cur.get("checkpoint"):
-            sess.load_checkpoint(self._file(cur["checkpoint"]))
+        if name is not None:
+            path = self._file(name)
+            try:
+                if name.endswith(ADAPTERS):  # a LoRA home keeps the adapters alone
+                    _, tensors = checkpoints.read_adapters(path)
+                    own = sess.parameters()
+                    checkpoints.check_values(path, tensors, {k: own[k] for k in tensors if k in own})
+                    sess.load_adapters(path)
+                else:
+                    sess.load_checkpoint(path)
+            except et.EdgeTrainError as e:
+                raise VersionError(
+                    f"version {version}'s file {name} cannot be used ({e}); the home was left as it was: "
+                    f"{self._kept_sentence(but=version)}"
+                ) from None
         adopted = self.settings.get("preprocessing")
         if adopted and not sess.preprocessing.declared:
             sess.preprocessing = adopted
         return sess
+
+    def use_version(self, version: int) -> int:
+        """Makes a kept version (or 0, the artifact's own parameters) current, once its file has loaded whole; a
+        version that cannot be used is refused (VersionError) and the current one stays. Returns the version."""
+        version = count(version, "version", lo=0, hi=MAX_VERSION, fix="give a kept version (kept_versions())")
+        with self._lock:
+            name = None
+            if version:
+                names = [os.path.join(VERSIONS, f"v{version:06d}{e}") for e in (CHECKPOINT, ADAPTERS)]
+                name = next((n for n in names if os.path.isfile(self._file(n))), None)
+                if name is None:
+                    raise VersionError(f"there is no version {version}; {self._kept_sentence()}")
+            sess = self._open_version(version, name)
+            atomic_write(self._file(CURRENT), json.dumps({"version": version, "checkpoint": name}).encode())
+            with self._cache_lock:
+                self._session_cache = (version, sess)
+            self._log("use_version", version=version)
+        return version
+
+    def _cached(self) -> tuple[int, et.TrainingSession]:
+        """(the current version, its session), cached until current.json names another; call under _cache_lock. A
+        version that cannot be loaded leaves the cache as it was."""
+        v, name = self._current()
+        if self._session_cache is None or self._session_cache[0] != v:
+            self._session_cache = (v, self._open_version(v, name))
+        return self._session_cache
 
     def input_range(self) -> tuple[float, float]:
         """The raw values samples are given in (the page's pixels): the model's input pipeline's, else [0, 1]."""
@@ -252,10 +439,7 @@ class BaseHome:
     def _inference(self) -> et.TrainingSession:
         """The current version for predictions, cached until the version changes."""
         with self._cache_lock:
-            v = self.version
-            if self._session_cache is None or self._session_cache[0] != v:
-                self._session_cache = (v, self.session())
-            return self._session_cache[1]
+            return self._cached()[1]
 
     def input_shape(self) -> tuple[int, ...]:
         sess = self._inference()
@@ -292,11 +476,12 @@ class BaseHome:
         """One burst: train the current version on the store's training part for at most max_steps steps and
         max_seconds seconds, judge it on the validation part, and keep it as a new version only if validation did
         not get worse (accuracy; loss for regression) and everything stayed finite; else roll back."""
-        s = self.settings
-        max_steps = int(s["max_steps"] if max_steps is None else max_steps)
-        max_seconds = s["max_seconds"] if max_seconds is None else max_seconds
-        if max_steps < 1:
-            raise AppError(f"max_steps must be a positive number of steps, got {max_steps}")
+        asked = {"max_steps": max_steps, "max_seconds": max_seconds, "lr": lr, "batch_size": batch_size}
+        asked = checked_settings({k: v for k, v in asked.items() if v is not None})
+        s = checked_settings(self.settings)  # a setting changed in memory since it was read is checked too
+        max_steps = asked.get("max_steps", s["max_steps"])
+        max_seconds = asked.get("max_seconds", s["max_seconds"])
+        lr, batch_size = asked.get("lr"), asked.get("batch_size")
         allowed, why = (True, "forced") if force else may_train(s["policy"])
         if not allowed:
             return self._done(BurstResult(False, 0, None, None, self.version, 0.0, reason=why))
@@ -305,14 +490,12 @@ class BaseHome:
 
     def _burst(self, max_steps, max_seconds, lr, batch_size, progress) -> BurstResult:
         t0 = time.perf_counter()
-        version = self.version
-        sess = self.session()
+        version, name = self._current()
+        sess = self._open_version(version, name)
         if lr is not None or self.settings["lr"] is not None:
             sess.lr = float(lr if lr is not None else self.settings["lr"])
         batch, real = self._batch_sizes(sess, batch_size)
-        mb = self.settings["feature_cache_mb"] or 0
-        if isinstance(mb, bool) or not isinstance(mb, (int, float)) or not math.isfinite(mb) or mb < 0:
-            raise AppError(f"setting feature_cache_mb must be a number of MiB >= 0 (0: off), not {mb!r}")
+        mb = self.settings["feature_cache_mb"] or 0  # checked with the other settings by personalize
         if mb > 0:  # exact; a session of a fully trained model says why there is nothing to cache
             sess.enable_feature_cache(int(mb * 2**20), rows=self._feature_rows)
         else:
@@ -354,8 +537,11 @@ class BaseHome:
         if not reason:
             reason = self._verdict(result, classification)
         if reason is None:
-            result.kept, result.model_version = True, self._keep(sess, version + 1, result)
-            result.reason = "validation did not get worse: kept as a new version"
+            try:
+                result.model_version = self._keep(sess, version + 1, result)
+                result.kept, result.reason = True, "validation did not get worse: kept as a new version"
+            except VersionError as e:  # written, but not read back whole: never made current
+                result.reason = f"the new version was not kept: {e}"
         else:
             result.reason = reason + "; rolled back to the previous version"
         result.seconds = round(time.perf_counter() - t0, 4)
@@ -415,9 +601,18 @@ class BaseHome:
         return None
 
     def _keep(self, sess: et.TrainingSession, version: int, result: BurstResult) -> int:
-        """Writes the new version whole, then points current.json at it (both atomically); prunes old files."""
+        """Writes the new version whole and reads it back as a session would load it, then points current.json at
+        it (both atomically); prunes old files. A file that does not read back whole is removed, and the current
+        version stays (VersionError)."""
         name = self._save_version(sess, version, result)
+        try:
+            loaded = self._open_version(version, name)
+        except VersionError:
+            os.remove(self._file(name))
+            raise
         atomic_write(self._file(CURRENT), json.dumps({"version": version, "checkpoint": name}).encode())
+        with self._cache_lock:  # the predictions' session: the version just read back
+            self._session_cache = (version, loaded)
         self._prune(version)
         return version
 
@@ -482,23 +677,41 @@ class BaseHome:
         """Per kept version, the validation accuracy (or loss) that let it in: the page's chart."""
         points = []
         for b in self.events("burst"):
-            if b.get("kept"):
+            v = b.get("model_version")
+            if b.get("kept") is True and type(v) is int:  # a damaged line's burst is left out
                 if not points:
                     points.append(
                         {
-                            "version": b["model_version"] - 1,
-                            "accuracy": b.get("val_accuracy_before"),
-                            "loss": b.get("val_loss_before"),
+                            "version": v - 1,
+                            "accuracy": _figure(b.get("val_accuracy_before")),
+                            "loss": _figure(b.get("val_loss_before")),
                         }
                     )
                 points.append(
                     {
-                        "version": b["model_version"],
-                        "accuracy": b.get("val_accuracy_after"),
-                        "loss": b.get("val_loss_after"),
+                        "version": v,
+                        "accuracy": _figure(b.get("val_accuracy_after")),
+                        "loss": _figure(b.get("val_loss_after")),
                     }
                 )
         return points
+
+
+def _event(line: str) -> dict[str, Any] | None:
+    """One line of the log as an event; None for a damaged one. Its nesting is checked before it is parsed, on the
+    lines that could nest deeper than bounded_json reads (as many brackets at least): the others, all the app
+    writes, go to the parser at once."""
+    try:
+        many = line.count("[") + line.count("{") > JSON_MAX_DEPTH
+        e = bounded_json(line, "a line of the app's log") if many else json.loads(line)
+    except ValueError:  # bounded_json's ConfigError too
+        return None
+    return e if isinstance(e, dict) else None
+
+
+def _figure(v: Any) -> float | None:
+    """A logged accuracy or loss for the page: a finite number, else None."""
+    return float(v) if type(v) in (int, float) and math.isfinite(v) else None
 
 
 def remove_home(path: str) -> None:

@@ -46,6 +46,9 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
+from edgetrain.core.errors import ConfigError
+from loaders.values import count, number
+
 from . import api_json
 from .api_json import ApiError
 from .connections import (
@@ -58,7 +61,7 @@ from .connections import (
     linger,
     refuse,
 )
-from .home import AppError, BaseHome
+from .home import AppError, BaseHome, VersionError
 from .text import MAX_TEXT, TextHome
 
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
@@ -73,6 +76,7 @@ PAGES = {  # the only files served: no path from a request ever reaches the file
 TEXT_PAGE = "text.html"  # a text home's page at / and /index.html
 LOOPBACK = ("127.0.0.1", "localhost")
 MAX_BODY = 1 << 20  # a 28x28 drawing as JSON is about 10 KB
+MIN_TIMEOUT = 0.001  # seconds: a shorter request timeout would refuse every request
 LINGER_SECONDS = 2.0  # at most, reading what a client still sends after an error answered before its body
 
 
@@ -178,7 +182,12 @@ class AppServer(ThreadingHTTPServer):
         self.connections = Connections(max_connections)
         # a body holds the pixels and a few fields; twice the input's numbers leaves room for any nesting
         self.max_items = max(1024, 2 * math.prod(self.input_shape) + 64)
-        super().__init__(address, Handler)
+        try:
+            super().__init__(address, Handler)
+        except OSError as e:  # the port is taken (another serve), or one below 1024 needs privileges
+            raise AppError(
+                f"port {address[1]} cannot be served ({e.strerror or e}): use another --port, or 0 for any free port"
+            ) from None
 
     def process_request(self, request, client_address) -> None:
         if not self.connections.admit(request):
@@ -370,6 +379,8 @@ class Handler(BaseHTTPRequestHandler):
                 self._json(*out)
         except ApiError as e:
             self._error(e.status, str(e))
+        except VersionError as e:  # the app's model, not the request: what would work is said on the page
+            self._error(HTTPStatus.INTERNAL_SERVER_ERROR, _one_line(e))
         except (AppError, ValueError) as e:  # the app refused it: a label out of range, a wrong shape
             self._error(HTTPStatus.BAD_REQUEST, _one_line(e))
         except Exception as e:  # a bug or a damaged home: one line here, the traceback on the terminal
@@ -489,23 +500,29 @@ def make_server(
         raise AppError(
             f"host {host!r}: the page is served on the phone itself only ({' or '.join(LOOPBACK)})"
         )
-    if not 0 <= port <= 65535:
-        raise AppError(f"port {port}: use 1 to 65535, or 0 for any free port")
-    if isinstance(request_timeout, bool) or not (
-        isinstance(request_timeout, (int, float)) and 0 < request_timeout <= 3600
-    ):
-        raise AppError(
-            f"request timeout {request_timeout!r}: use seconds above 0 and at most 3600 (default {REQUEST_TIMEOUT:g})"
-        )
-    if isinstance(max_connections, bool) or not (
-        isinstance(max_connections, int) and 1 <= max_connections <= 10_000
-    ):
-        raise AppError(
-            f"max connections {max_connections!r}: use a whole number from 1 to 10000 (default {MAX_CONNECTIONS})"
-        )
+    port = _checked(
+        lambda: count(port, "port", lo=0, hi=65535), f"port {port!r}: use 1 to 65535, or 0 for any free port"
+    )
+    request_timeout = _checked(
+        lambda: number(request_timeout, "request timeout", lo=MIN_TIMEOUT, hi=3600),
+        f"request timeout {request_timeout!r}: use seconds above 0 ({MIN_TIMEOUT:g} at least) and at most 3600 "
+        f"(default {REQUEST_TIMEOUT:g})",
+    )
+    max_connections = _checked(
+        lambda: count(max_connections, "max connections", lo=1, hi=10_000),
+        f"max connections {max_connections!r}: use a whole number from 1 to 10000 (default {MAX_CONNECTIONS})",
+    )
     return AppServer(
         home, ("127.0.0.1", port), request_timeout=request_timeout, max_connections=max_connections
     )
+
+
+def _checked(check: Callable[[], Any], message: str) -> Any:
+    """check() (loaders/values.py's), its refusal said as the server's options say theirs."""
+    try:
+        return check()
+    except ConfigError:
+        raise AppError(message) from None
 
 
 def serve(

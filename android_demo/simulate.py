@@ -21,9 +21,10 @@ import edgetrain
 from edgetrain.runtime.feeding import feed_view
 from edgetrain.runtime.trainer import evaluate, session_batch
 from loaders import DataLoader, MnistDataView, SubsetView
+from loaders.values import count
 
 from .app import Home
-from .home import remove_home
+from .home import MAX_STEPS, remove_home
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ARTIFACT = os.path.join(HERE, "data", "digits.etrain")  # tools/build_android_assets.py builds it
@@ -65,6 +66,8 @@ def simulate(
     out: TextIO | None = sys.stdout,
 ) -> dict[str, Any]:
     """Runs the story and returns what it measured; prints the table to `out` (None: quiet)."""
+    every = count(every, "every (--every)", lo=1, hi=MAX_STEPS, fix="give a burst every N samples, e.g. 10")
+    steps = count(steps, "steps (--steps)", lo=1, hi=MAX_STEPS, fix="give steps per burst, e.g. 25")
     t0 = time.perf_counter()
     user, held = _new_user()
     order = np.random.default_rng(0).permutation(user.size())  # the user writes digits in no particular order

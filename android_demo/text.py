@@ -22,16 +22,28 @@ import edgetrain as et
 from edgetrain.core.atomic import atomic_write
 from edgetrain.runtime.trainer import session_batch
 from loaders import DataLoader
-from loaders.text import IGNORE_INDEX, SPECIALS, TokenWindowView, WordVocab, sentences, words
+from loaders.text import (
+    IGNORE_INDEX,
+    SENTENCE_MAX_CHARS,
+    SPECIALS,
+    TokenWindowView,
+    WordVocab,
+    read_sentences,
+    sentences,
+    words,
+)
 
 from .app import Home
-from .home import ADAPTERS, VERSIONS, AppError, BaseHome, BurstResult, HomeKindError
+from .home import ADAPTERS, VERSIONS, AppError, BaseHome, BurstResult, HomeKindError, VersionError
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 KEYBOARD = os.path.join(DATA, "keyboard.etrain")
 KEYBOARD_VOCAB = os.path.join(DATA, "keyboard_vocab.json")
 VOCAB = "vocab.json"
-MAX_TEXT = 2000  # characters of one sentence sent, or of the text a suggestion reads
+# characters of one sentence sent (or of a file's line), or of the text a suggestion reads
+MAX_TEXT = SENTENCE_MAX_CHARS
+FILE_CHUNK = 512  # sentences of a file made into windows at once (~8 MB at most: 32 windows of 2,000 chars)
+MAX_LOG_PERPLEXITY = 700.0  # a loss a word whose exp (the perplexity) a float64 holds
 TEXT_DEFAULTS = {"max_steps": 20, "max_seconds": 60.0, "val_fraction": 0.2, "mode": "text"}
 # app.Home's methods for labelled samples, which a text home has not -> what it does instead
 NOT_A_TEXT_HOMES = {
@@ -84,7 +96,7 @@ class TextHome(BaseHome):
         if os.path.exists(os.path.join(path, "current.json")):
             raise AppError(f"{path} is already an app home; pick another folder or delete this one")
         os.makedirs(path, exist_ok=True)
-        atomic_write(os.path.join(path, VOCAB), open(vocab_path, "rb").read())
+        atomic_write(os.path.join(path, VOCAB), words_.file_text().encode())  # what was read and checked
         merged = {**TEXT_DEFAULTS, **{k: v for k, v in settings.items() if v is not None}}
         BaseHome.init(path, artifact, **merged)
         return cls(path)
@@ -100,10 +112,12 @@ class TextHome(BaseHome):
             raise AppError(f"the text must be a string of at most {MAX_TEXT} characters")
         ids, at = self.vocab.context(text, self.length)
         with self._cache_lock:  # one interpreter: its buffers serve one run at a time
-            v = self.version
-            if self._session_cache is None or self._session_cache[0] != v:
-                self._session_cache = (v, self.session())
-            logits = np.asarray(self._session_cache[1].run(ids[None]))[0, at]
+            v, sess = self._cached()
+            logits = np.asarray(sess.run(ids[None]))[0, at]
+        if not np.isfinite(logits).all():  # words ranked by NaN would be any words
+            raise VersionError(
+                f"version {v} scores the next word as NaN or infinity: nothing is suggested. {self._kept_sentence(v)}"
+            )
         best = self.vocab.top_words(logits, k)
         return (best, v) if with_version else best
 
@@ -124,14 +138,51 @@ class TextHome(BaseHome):
         return self.add_sentences(parts)
 
     def add_sentences(self, texts: list[str]) -> list[int]:
-        """Stores sentences (one a text; a text without a word is skipped) in one transaction; their ids."""
-        texts = [t for t in texts if words(t)]
+        """Stores sentences (one a text of at most MAX_TEXT characters; a text without a word is skipped) in one
+        transaction; their ids."""
+        texts = [t for t in _checked(texts) if words(t)]
         if not texts:
             return []
         view = self.windows(texts)
         with self.store() as s:
             ids = [int(i) for i in s.add_many(list(view.x), list(view.y))]
         self._log("add_text", ids=ids[:50], samples=len(ids), words=sum(len(words(t)) for t in texts))
+        return ids
+
+    def _samples(self, texts: list[str]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        view = self.windows(texts)
+        return list(view.x), list(view.y)
+
+    def add_sentence_file(self, path: str | os.PathLike) -> list[int]:
+        """Stores the sentences of a UTF-8 file, one a line (loaders.text.read_sentences: bounded in bytes,
+        sentences and characters a line), in one transaction; their ids. The file streams through: FILE_CHUNK
+        sentences are made into windows at a time, so memory does not grow with the file."""
+        lines = read_sentences(path)
+        counted = {"words": 0}
+
+        def batches():
+            chunk: list[str] = []
+            for text in lines:
+                n = len(words(text))
+                if n:
+                    counted["words"] += n
+                    chunk.append(text)
+                if len(chunk) == FILE_CHUNK:
+                    yield self._samples(chunk)
+                    chunk = []
+            if chunk:
+                yield self._samples(chunk)
+
+        with self.store() as s:
+            ids = [int(i) for i in s.add_stream(batches())]
+        if ids:
+            self._log(
+                "add_text",
+                ids=ids[:50],
+                samples=len(ids),
+                words=counted["words"],
+                file=os.path.basename(path),
+            )
         return ids
 
     # ---- bursts --------------------------------------------------------------------------------------------------
@@ -146,11 +197,25 @@ class TextHome(BaseHome):
 
     def status(self) -> dict[str, Any]:
         st = super().status()
-        cur = self._read_json("current.json", {})
-        path = cur.get("checkpoint")
+        _, name = self._current()
         st["mode"] = "text"
-        st["version_bytes"] = os.path.getsize(self._file(path)) if path else 0
+        st["version_bytes"] = (
+            os.path.getsize(self._file(name)) if name and os.path.isfile(self._file(name)) else 0
+        )
         return st
+
+
+def _checked(texts) -> list[str]:
+    """A list of sentences, each a string of at most MAX_TEXT characters (AppError naming the first that is not)."""
+    if isinstance(texts, (str, bytes)) or not isinstance(texts, (list, tuple)):
+        raise AppError(f"sentences must be a list of strings, not {type(texts).__name__}")
+    for k, t in enumerate(texts):
+        if not isinstance(t, str) or len(t) > MAX_TEXT:
+            got = f"{len(t):,} characters" if isinstance(t, str) else f"a {type(t).__name__}"
+            raise AppError(
+                f"sentence {k} is {got}; each must be a string of at most {MAX_TEXT} characters (split longer ones)"
+            )
+    return list(texts)
 
 
 def open_home(path: str | os.PathLike) -> BaseHome:
@@ -191,6 +256,11 @@ def heldout_figures(home: TextHome, texts: list[str]) -> dict[str, Any]:
     view = home.windows(texts)
     sess = home.session()
     loss, top1 = next_word_metrics(sess, DataLoader(view, session_batch(sess) or 8))
+    if not math.isfinite(loss) or loss > MAX_LOG_PERPLEXITY:
+        raise VersionError(
+            f"version {home.version} scores these sentences' words as NaN or infinity (a loss of {loss:.4g} a "
+            f"word): no figures. {home._kept_sentence()}"
+        )
     return {"top1": top1, "perplexity": math.exp(loss), "windows": view.size()}
 
 

@@ -15,6 +15,7 @@ import os
 import sqlite3
 import threading
 import time
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -39,6 +40,26 @@ def split_score(id: int, salt: str = "") -> float:
     h = hashlib.blake2b(digest_size=8, person=b"edgetrain-split")
     h.update(operator.index(id).to_bytes(8, "little", signed=True) + salt.encode())
     return int.from_bytes(h.digest(), "little") / 2.0**64
+
+
+class _Produced(Exception):
+    """An error raised by add_stream's batches while the store's transaction is open: carried past the store's
+    handling of sqlite3's errors (which would name the store as damaged) to be raised as it was."""
+
+    def __init__(self, error: BaseException):
+        super().__init__(str(error))
+        self.error = error
+
+    @classmethod
+    def pull(cls, batches: Iterator) -> Iterator:
+        while True:
+            try:
+                item = next(batches)
+            except StopIteration:
+                return
+            except Exception as e:  # noqa: BLE001  (any error of the caller's: it is raised again, unchanged)
+                raise cls(e) from e
+            yield item
 
 
 class StoreView(IDataView):
@@ -140,14 +161,32 @@ class SampleStore(StoreFile, IDataView):
 
     def add_many(self, xs, ys) -> list[int]:
         """Stores all the samples in one transaction (all or none: a bad one adds nothing); their ids, in order."""
-        self._writable("adding samples")
         xs, ys = list(xs), list(ys)
         if len(xs) != len(ys):
             raise ConfigError(f"add_many got {len(xs)} samples but {len(ys)} labels")
-        rows = [_sample(x, y, self.path) for x, y in zip(xs, ys)]
+        return self._add_batches([(xs, ys)], f"adding {len(xs)} samples")
+
+    def add_stream(self, batches: Iterable[tuple[Sequence, Sequence]]) -> list[int]:
+        """Stores the samples of every (xs, ys) batch that `batches` gives, all in one transaction (all or none: a
+        bad sample, or an error raised by `batches` itself, adds nothing); their ids, in order. A batch is encoded
+        and written as it comes, so only one is held at a time: a large file streams through it."""
+        return self._add_batches(batches, "adding samples")
+
+    def _add_batches(self, batches: Iterable[tuple[Sequence, Sequence]], doing: str) -> list[int]:
+        self._writable(doing)
         created = time.time()
-        with self._db(f"adding {len(rows)} samples") as conn, self._transaction(conn):
-            new = [self._insert(conn, row, created) for row in rows]
+        new: list[int] = []
+        try:
+            with self._db(doing) as conn, self._transaction(conn):
+                for xs, ys in _Produced.pull(iter(batches)):
+                    xs, ys = list(xs), list(ys)
+                    if len(xs) != len(ys):
+                        raise ConfigError(f"add_stream got a batch of {len(xs)} samples but {len(ys)} labels")
+                    rows = [_sample(x, y, self.path) for x, y in zip(xs, ys)]
+                    new += [self._insert(conn, row, created) for row in rows]
+        except _Produced as e:
+            # the batches' own error (not the store's), raised as it was after the rollback
+            raise e.error from e.error.__cause__
         return new
 
     def delete(self, id: int) -> None:

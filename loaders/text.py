@@ -14,7 +14,12 @@ its words are the runs of letters and digits, with inner apostrophes kept ("don'
 The vocabulary file is JSON: {"format": "edgetrain.word-vocab", "version": 1, "tokenizer": "lowercase-words-1",
 "specials": ["<pad>", "<unk>", "<bos>", "<eos>"], "words": [...]}; the specials take ids 0..3 in that order, the
 words 4.. in the file's order (the build tool writes them most frequent first). A file of another format, version or
-tokenizer, a word the tokenizer could not produce, or a duplicate is a DataError naming the file.
+tokenizer, a word the tokenizer could not produce, or a duplicate is a DataError naming the file; so is a file
+nested deeper than a vocabulary is, checked on its text before the JSON parser reads it.
+
+A file of sentences, one a line (the phone app's `add --sentences`), is read by `read_sentences`, bounded in bytes
+before it is held, in sentences and in characters per sentence (SENTENCES_MAX_BYTES, SENTENCES_MAX_COUNT,
+SENTENCE_MAX_CHARS), so that a file's size never decides how much memory or time its reader takes.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from .errors import ConfigError, DataError, DataLimitError
+from .limits import read_capped, size_text
+from .values import bounded_json, count
 from .views import ArrayDataView
 
 FORMAT = "edgetrain.word-vocab"
@@ -39,6 +46,12 @@ SPECIALS = ("<pad>", "<unk>", "<bos>", "<eos>")
 PAD, UNK, BOS, EOS = range(4)  # the specials' ids
 IGNORE_INDEX = -100  # a label that counts for nothing (edgetrain's NextTokenLoss default, PyTorch's)
 VOCAB_MAX_BYTES = 16 << 20  # a vocabulary file (a 50,000-word vocabulary is under 1 MB)
+VOCAB_MAX_DEPTH = 8  # a vocabulary file nests 2 deep (an object of lists of words)
+# a file of sentences read at once (the phone app's add --sentences): a user's few thousand sentences are ~100 KB;
+# a file stored as one batch of samples, whose windows (512 bytes each in memory, more in the store) it bounds
+SENTENCES_MAX_BYTES = 4 << 20
+SENTENCES_MAX_COUNT = 50_000  # its sentences (non-blank lines): a few seconds of a phone's work to store
+SENTENCE_MAX_CHARS = 2000  # one sentence (a line), a keyboard's text or a paragraph at most
 
 _WORD = re.compile(r"[a-z0-9]+(?:'[a-z0-9]+)*")
 _APOSTROPHES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u02bc": "'"})
@@ -68,6 +81,69 @@ def sentences(text: str) -> list[str]:
         if words(s):
             out.append(s)
     return out
+
+
+def read_sentences(
+    path: str | os.PathLike,
+    *,
+    max_bytes: int = SENTENCES_MAX_BYTES,
+    max_sentences: int = SENTENCES_MAX_COUNT,
+    max_chars: int = SENTENCE_MAX_CHARS,
+) -> list[str]:
+    """The sentences of a UTF-8 file, one a line (its non-blank lines, stripped), every one checked before any is
+    returned (a caller stores all or none). Bounded before it is held: a file of more than max_bytes (a special
+    file, a pipe, is read max_bytes + 1 at most), more than max_sentences sentences or a line of more than
+    max_chars characters is a DataLimitError naming the file, the line and the limit, and saying how to split it;
+    bytes that are not UTF-8 a DataError naming the line."""
+    source = os.fspath(path)
+    max_bytes, max_sentences, max_chars = (
+        count(v, f"read_sentences {name}", lo=1, fix="give a whole number of at least 1")
+        for name, v in (("max_bytes", max_bytes), ("max_sentences", max_sentences), ("max_chars", max_chars))
+    )
+    try:
+        with open(source, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            raw, over = (b"", True) if size > max_bytes else read_capped(f, max_bytes)
+    except OSError as e:
+        raise DataError(f"{source}: cannot read the sentences: {e.strerror or e}", source) from e
+    if over:
+        found = size_text(size) if size > max_bytes else f"more than {size_text(max_bytes)}"
+        raise _too_many(source, found, max_bytes, "bytes", max(size, max_bytes + 1))
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise DataError(
+            f"{source}: line {line} is not UTF-8 text (byte {raw[e.start]:#04x}); save the file as UTF-8",
+            source,
+        ) from None
+    out: list[str] = []
+    for lineno, line in enumerate(text.split("\n"), 1):
+        line = line.strip()
+        if len(line) > max_chars:
+            raise DataLimitError(
+                f"{source}: line {lineno} holds {len(line):,} characters, more than the {max_chars:,} one sentence "
+                "may hold; put one sentence a line (or split the long ones)",
+                source,
+                limit=max_chars,
+                needed=len(line),
+            )
+        if line:
+            if len(out) == max_sentences:
+                found = f"more than {max_sentences:,} sentences"
+                raise _too_many(source, found, max_sentences, "sentences", max_sentences + 1)
+            out.append(line)
+    return out
+
+
+def _too_many(source: str, found: str, limit: int, unit: str, needed: int) -> DataLimitError:
+    return DataLimitError(
+        f"{source}: {found}; one file may hold {limit:,} {unit} at most: split it into smaller files and add each "
+        "(on Linux and Termux: split -l 10000 FILE part-)",
+        source,
+        limit=limit,
+        needed=needed,
+    )
 
 
 class WordVocab:
@@ -116,44 +192,60 @@ class WordVocab:
             "words": list(self.tokens[len(SPECIALS) :]),
         }
 
-    def save(self, path: str | os.PathLike) -> None:
-        """Writes the JSON file (one word per line, UTF-8), atomically (a temporary file, then a rename)."""
+    def file_text(self) -> str:
+        """The JSON file's text: one word per line."""
         doc = self.to_json()
         head = {k: v for k, v in doc.items() if k != "words"}
         body = ",\n".join(json.dumps(w) for w in doc["words"])
-        text = json.dumps(head)[:-1] + ', "words": [\n' + body + "\n]}\n"
+        return json.dumps(head)[:-1] + ', "words": [\n' + body + "\n]}\n"
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Writes the JSON file (one word per line, UTF-8), atomically (a temporary file, then a rename)."""
         tmp = f"{os.fspath(path)}.tmp"
         with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
+            f.write(self.file_text())
         os.replace(tmp, path)
 
     @classmethod
     def load(cls, path: str | os.PathLike, *, max_bytes: int = VOCAB_MAX_BYTES) -> WordVocab:
         """The vocabulary in a JSON file save() wrote; DataError naming the file for anything else."""
         source = os.fspath(path)
+        max_bytes = count(max_bytes, "WordVocab.load max_bytes", fix="give a number of bytes")
         try:
-            size = os.path.getsize(source)
-            if size > max_bytes:
-                raise DataLimitError(
-                    f"{source}: a vocabulary file of {size:,} bytes is beyond the limit of {max_bytes:,} "
-                    "(max_bytes=)",
-                    source,
-                    limit=max_bytes,
-                    needed=size,
-                )
-            with open(source, encoding="utf-8") as f:
-                doc = json.load(f)
+            with open(source, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                raw, over = (b"", True) if size > max_bytes else read_capped(f, max_bytes)
         except OSError as e:
             raise DataError(f"{source}: cannot read the vocabulary: {e.strerror or e}", source) from e
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise DataError(f"{source}: not a vocabulary file (not UTF-8 JSON: {e})", source) from e
+        if over:  # a special file (a pipe, /dev/zero) has no size to check first: its reading is capped
+            raise DataLimitError(
+                f"{source}: a vocabulary file of {size_text(max(size, max_bytes + 1))} or more is beyond the limit "
+                f"of {max_bytes:,} (max_bytes=)",
+                source,
+                limit=max_bytes,
+                needed=max(size, max_bytes + 1),
+            )
+        return cls.from_bytes(raw, source=source)
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, *, source: str = "<vocabulary>") -> WordVocab:
+        """The vocabulary of a file's bytes (its UTF-8 JSON text, nested no deeper than a vocabulary is)."""
+        try:
+            doc = bounded_json(
+                raw,
+                f"{source}: not a vocabulary file: its text",
+                max_depth=VOCAB_MAX_DEPTH,
+                max_bytes=len(raw),
+            )
+        except ConfigError as e:
+            raise DataError(str(e), source) from None
         return cls.from_json(doc, source=source)
 
     @classmethod
     def from_json(cls, doc, *, source: str = "<vocabulary>") -> WordVocab:
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise DataError(f'{source}: not a vocabulary file (no "format": "{FORMAT}")', source)
-        if doc.get("version") != VERSION:
+        if type(doc.get("version")) is not int or doc["version"] != VERSION:  # not true, nor 1.0
             raise DataError(
                 f"{source}: vocabulary version {doc.get('version')!r}; this reader knows version {VERSION}",
                 source,
@@ -332,10 +424,14 @@ def _cut(seq: np.ndarray, length: int) -> list[np.ndarray]:
 
 __all__ = [
     "IGNORE_INDEX",
+    "SENTENCES_MAX_BYTES",
+    "SENTENCES_MAX_COUNT",
+    "SENTENCE_MAX_CHARS",
     "SPECIALS",
     "VOCAB_MAX_BYTES",
     "TokenWindowView",
     "WordVocab",
+    "read_sentences",
     "sentences",
     "words",
 ]
