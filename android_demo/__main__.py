@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from edgetrain.core.errors import EdgeTrainError, UsageError  # imports nothing: numpy is not loaded yet
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
-MAX_THREADS = 256  # home.MAX_THREADS, the threads setting's bound (home imports numpy, which must wait)
+MAX_THREADS = 256  # settings.MAX_THREADS, the threads setting's bound (home imports numpy, which must wait)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -182,7 +182,7 @@ def _paths_apart(args: argparse.Namespace) -> None:
     new name. Checked before anything is read or written."""
     from edgetrain.core.paths import outputs_apart, replaceable  # numpy loads with it: as above
 
-    from .home import ARTIFACT, CURRENT, LOG, SETTINGS, STORE, VERSIONS  # as above
+    from .settings import ARTIFACT, CURRENT, LOG, SETTINGS, STORE, VERSIONS  # as above
     from .text import VOCAB  # as above
 
     if not args.home:

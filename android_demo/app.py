@@ -16,7 +16,9 @@ from edgetrain.runtime.trainer import evaluate, session_batch
 from loaders import DataLoader
 from loaders.values import number
 
-from .home import AppError, BaseHome, BurstResult, VersionError, json_number
+from .burst import BurstResult, json_number
+from .home import BaseHome
+from .settings import AppError, VersionError
 
 __all__ = ["AppError", "BurstResult", "Home"]
 

@@ -61,7 +61,8 @@ from .connections import (
     linger,
     refuse,
 )
-from .home import AppError, BaseHome, VersionError
+from .home import BaseHome
+from .settings import AppError, VersionError
 from .text import MAX_TEXT, TextHome
 
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")

@@ -24,7 +24,8 @@ from loaders import DataLoader, MnistDataView, SubsetView
 from loaders.values import count
 
 from .app import Home
-from .home import MAX_STEPS, remove_home
+from .home import remove_home
+from .settings import MAX_STEPS
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ARTIFACT = os.path.join(HERE, "data", "digits.etrain")  # tools/build_android_assets.py builds it

@@ -34,7 +34,9 @@ from loaders.text import (
 )
 
 from .app import Home
-from .home import ADAPTERS, VERSIONS, AppError, BaseHome, BurstResult, HomeKindError, VersionError
+from .burst import BurstResult
+from .home import BaseHome
+from .settings import ADAPTERS, VERSIONS, AppError, HomeKindError, VersionError
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 KEYBOARD = os.path.join(DATA, "keyboard.etrain")

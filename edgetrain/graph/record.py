@@ -23,7 +23,6 @@ from edgetrain.core.errors import ArtifactError, ArtifactLimitError
 from edgetrain.core.ir import Graph
 from edgetrain.core.plan import MemoryPlan
 from edgetrain.core.serialize import graph_to_dict
-from loaders.values import FLOAT32_MAX
 
 from .fields import (
     NOTHING,
@@ -54,6 +53,8 @@ from .fields import (
 from .sections import Section, read_sections, section_json
 
 S = TypeVar("S", bound=Section)
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)  # the largest learning rate a float32 step holds
 
 # Optimizer state declared zero (not stored) may be at most this many bytes per byte of parameters (SGD keeps one
 # momentum, Adam two moments), plus 1 MiB: a file that declares more is refused before anything is allocated.

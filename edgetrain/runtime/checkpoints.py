@@ -36,7 +36,7 @@ from edgetrain.graph.fields import (
     spec,
     to_json,
 )
-from loaders.values import FLOAT32_MAX
+from edgetrain.graph.record import FLOAT32_MAX
 
 from .fused import finite
 

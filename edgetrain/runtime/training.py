@@ -20,8 +20,8 @@ from edgetrain.core.errors import ArtifactError, FeedError, NonFiniteError
 from edgetrain.core.interpreter import Interpreter
 from edgetrain.core.mapped import release_pages
 from edgetrain.graph.prefix import split_step
+from edgetrain.graph.record import FLOAT32_MAX
 from edgetrain.graph.sections import PreprocessingSection
-from loaders.values import FLOAT32_MAX
 
 from . import batches, checkpoints, exporting, steps
 from .artifact import load_artifact

@@ -32,9 +32,9 @@ import edgetrain as et
 from android_demo import api_json
 from android_demo.__main__ import MAX_THREADS, THREAD_VARIABLES, main
 from android_demo.app import Home
-from android_demo.home import MAX_THREADS as HOME_MAX_THREADS
 from android_demo.policy import POLICIES
 from android_demo.server import make_server
+from android_demo.settings import MAX_THREADS as HOME_MAX_THREADS
 from android_demo.simulate import simulate
 from android_demo.text import KEYBOARD_VOCAB, TextHome
 from edgetrain.core.container import read_container
