@@ -164,7 +164,7 @@ def new_leftovers(before: dict[int, str], wait: float = 15.0) -> dict[int, str]:
 
 @pytest.mark.slow
 def test_two_hundred_phones_on_one_machine(fresh, tmp_path):
-    """200 simulated devices, 20 a round, 3 rounds: the global model beats its start, each round has its 20
+    """200 simulated devices, 20 a round, 4 rounds: the global model beats its start, each round has its 20
     replies, every device that took part has its home (its checkpoint and its record of what it sent), the run
     reports rounds and clients a minute and its peak memory, and no Ray process is left."""
     needs_ray()
@@ -173,7 +173,7 @@ def test_two_hundred_phones_on_one_machine(fresh, tmp_path):
     t0 = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-m", "edgetrain.cli", *map(str, ("federate", fresh, "--simulate", "--data", DIGITS,
-         "--clients", 200, "--clients-per-round", 20, "--rounds", 3, "--local-epochs", 3,
+         "--clients", 200, "--clients-per-round", 20, "--rounds", 4, "--local-epochs", 3,
          "--val-data", DIGITS, "--sim-workers", 2, "--out", out))],
         capture_output=True, text=True, timeout=600, cwd=ROOT,
     )  # fmt: skip
@@ -181,14 +181,16 @@ def test_two_hundred_phones_on_one_machine(fresh, tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "200 simulated clients (label-skew; 40 samples each" in proc.stderr
     s = json.loads((out / "summary.json").read_text())
+    # 4 rounds, not 3: Flower samples each round's 20 of the 200 label-skewed devices at random, and after 3 rounds
+    # the fresh LeNet was as low as 0.09 (from 0.08) in about one run of six; after 4, 0.28 or more in six of six
     assert s["final_val_accuracy"] > s["initial_val_accuracy"] + 0.05, s["rounds"]
     sim = s["simulation"]
-    assert sim["replies_per_round"] == [20, 20, 20] and not s["refused"]
+    assert sim["replies_per_round"] == [20, 20, 20, 20] and not s["refused"]
     assert sim["clients"] == 200 and sim["clients_per_round"] == 20 and sim["workers"] == 2
     assert sim["rounds_per_minute"] > 0 and sim["clients_per_minute"] > 0
     assert 100 * 2**20 < sim["peak_pss_bytes"] <= sim["peak_rss_bytes"] < 8 * 2**30
     took_part = {c["id"] for c in s["clients"]}
-    assert 20 <= len(took_part) <= 60 and took_part <= set(range(200))
+    assert 20 <= len(took_part) <= 80 and took_part <= set(range(200))  # 4 rounds of 20
     homes = {int(p.name.split("-")[1]) for p in (out / "clients").iterdir()}
     assert homes == took_part  # a device that was never sampled never ran
     for c in s["clients"]:
@@ -207,7 +209,7 @@ def test_two_hundred_phones_on_one_machine(fresh, tmp_path):
     assert "... and " in text and (out / "accuracy.png").exists()
     assert not new_leftovers(before), "Ray processes outlived the run"
     assert set(Path("/tmp").glob("etsim-*")) <= temps  # Ray's temp folder went with it
-    print(f"200 clients x 3 rounds took {took:.0f} s: {sim}")
+    print(f"200 clients x 4 rounds took {took:.0f} s: {sim}")
 
 
 @pytest.mark.slow
